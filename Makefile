@@ -1,0 +1,31 @@
+# Two entry points for a fresh machine (see README): `make demo` and `make test`.
+# Both create or update the local virtualenv .venv and install the project into it.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test test-all venv clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/controlplane demo
+
+# The default suite: fast enough for CI on 2 cores. CP_SLOW=1 also runs the long tests.
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+test-all: $(STAMP)
+	CP_SLOW=1 $(BIN)/python -m pytest -q -p no:cacheprovider
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

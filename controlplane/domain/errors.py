@@ -1,0 +1,126 @@
+"""The one exception tree of the control plane.
+
+::
+
+    ControlPlaneError
+    +-- TemporaryError(delay_ms)        retrying later may succeed
+    |   +-- Unavailable                 a dependency (adapter, cluster, peer) cannot be reached
+    |   +-- NotLeader(leader_hint)      this node does not hold the lease; retry at the hint
+    |   +-- LeadershipLost              leadership ended while a command was in flight: outcome unknown
+    |   +-- QueueFull                   a bounded queue is full; back off
+    |   +-- CommitTimeout               no answer in time: outcome unknown, never assume failure
+    |   +-- CircuitOpen(key, until_ms)  a breaker is open for this target
+    +-- PermanentError                  retrying the same input will fail the same way
+        +-- ValidationError(field, problem)   bad input, names the field and what is wrong
+        +-- IllegalTransition(instance, from, event)  the lifecycle table forbids it
+        +-- NotFound(kind, id)
+        +-- AlreadyExists(kind, id)
+        +-- Conflict(what)              optimistic-concurrency check failed (version / resourceVersion)
+        +-- StaleEpoch(got, highest)    a fenced command carried an epoch below the highest seen
+        +-- Forbidden(what)             authenticated, but not allowed (cross-tenant access)
+
+Library errors are translated into this tree at the boundary with ``raise ... from exc``. Inside the
+replicated state machine nothing is raised: ``apply`` returns a rejection value instead (it must be
+total), built from these classes' messages.
+"""
+
+from __future__ import annotations
+
+
+class ControlPlaneError(Exception):
+    """Base of every error the control plane raises on purpose."""
+
+
+class TemporaryError(ControlPlaneError):
+    """Retrying later may succeed; ``delay_ms`` is the suggested minimum wait (0 = caller decides)."""
+
+    def __init__(self, message: str, *, delay_ms: int = 0) -> None:
+        super().__init__(message)
+        self.delay_ms = delay_ms
+
+
+class Unavailable(TemporaryError):
+    """A dependency (adapter, cluster API, peer) could not be reached."""
+
+
+class NotLeader(TemporaryError):
+    """This node does not hold the lease. ``leader_hint`` is where to retry, if known."""
+
+    def __init__(self, message: str = "this node is not the leader", *, leader_hint: str | None = None) -> None:
+        super().__init__(message)
+        self.leader_hint = leader_hint
+
+
+class LeadershipLost(TemporaryError):
+    """Leadership ended while a command was in flight. The outcome is unknown."""
+
+
+class QueueFull(TemporaryError):
+    """A bounded queue is full."""
+
+
+class CommitTimeout(TemporaryError):
+    """No answer within the deadline. The command may or may not have been committed."""
+
+
+class CircuitOpen(TemporaryError):
+    """The circuit breaker for ``key`` is open until ``until_ms``."""
+
+    def __init__(self, key: str, until_ms: int) -> None:
+        super().__init__(f"circuit {key} is open until t={until_ms}ms", delay_ms=0)
+        self.key = key
+        self.until_ms = until_ms
+
+
+class PermanentError(ControlPlaneError):
+    """Retrying the same input fails the same way."""
+
+
+class ValidationError(PermanentError):
+    """Bad input. ``field`` is a dotted path (``tenants[0].quota.h100``), ``problem`` what is wrong."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
+class IllegalTransition(PermanentError):
+    """The instance lifecycle table has no transition for ``(from_state, event)``."""
+
+    def __init__(self, instance_id: str, from_state: str, event: str) -> None:
+        super().__init__(f"instance {instance_id}: no transition from {from_state} on {event}")
+        self.instance_id = instance_id
+        self.from_state = from_state
+        self.event = event
+
+
+class NotFound(PermanentError):
+    def __init__(self, kind: str, ident: str) -> None:
+        super().__init__(f"{kind} {ident!r} not found")
+        self.kind = kind
+        self.ident = ident
+
+
+class AlreadyExists(PermanentError):
+    def __init__(self, kind: str, ident: str) -> None:
+        super().__init__(f"{kind} {ident!r} already exists")
+        self.kind = kind
+        self.ident = ident
+
+
+class Conflict(PermanentError):
+    """An optimistic-concurrency precondition (version, resourceVersion) did not hold."""
+
+
+class StaleEpoch(PermanentError):
+    """A fenced command carried an epoch lower than the highest one already seen."""
+
+    def __init__(self, got: int, highest: int) -> None:
+        super().__init__(f"stale epoch {got}: highest seen is {highest}")
+        self.got = got
+        self.highest = highest
+
+
+class Forbidden(PermanentError):
+    """Authenticated, but not allowed to touch this object."""

@@ -1,0 +1,172 @@
+"""The instance lifecycle as one transition table.
+
+::
+
+    Pending --start_warmup--> Warming --warmed--> Ready <--work/idle--> Busy
+       |                         |                  |                    |
+       | cancel                  | warmup_failed    | sleep              | drain
+       v                         v                  v                    v
+    Terminated                 Failed            Standby --wake--> Warming
+                                                    | drain
+    Ready/Busy/Warming/Standby --drain--> Draining --drained--> Terminated
+    every non-terminal state --lost--> Failed
+
+``Standby`` is a warm-pool member: the pod keeps its GPUs but the engine sleeps (vLLM sleep level 1:
+weights offloaded to CPU memory, KV cache discarded; Triton: model unloaded under explicit model
+control). Waking it is a *warm* start (about 1 s); a new pod is a *cold* start (tens of seconds).
+
+The table is the single source of truth: :func:`transition` is the only way to change a state, and
+``docs/lifecycle.md`` is generated from :data:`TRANSITIONS` by :func:`mermaid_diagram`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+
+from controlplane.domain.errors import IllegalTransition
+from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId, PoolId, TenantId, ZoneId
+
+
+class InstanceState(enum.Enum):
+    PENDING = "Pending"
+    WARMING = "Warming"
+    READY = "Ready"
+    BUSY = "Busy"
+    STANDBY = "Standby"
+    DRAINING = "Draining"
+    TERMINATED = "Terminated"
+    FAILED = "Failed"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (InstanceState.TERMINATED, InstanceState.FAILED)
+
+    @property
+    def serving(self) -> bool:
+        """Counts as serving capacity: accepts and processes requests."""
+        return self in (InstanceState.READY, InstanceState.BUSY)
+
+    @property
+    def holds_gpus(self) -> bool:
+        """Holds its GPU allocation (every non-terminal state: a Pending pod has been scheduled)."""
+        return not self.terminal
+
+
+class InstanceEvent(enum.Enum):
+    START_WARMUP = "start_warmup"
+    WARMED = "warmed"
+    WARMUP_FAILED = "warmup_failed"
+    WORK = "work"
+    IDLE = "idle"
+    SLEEP = "sleep"
+    WAKE = "wake"
+    DRAIN = "drain"
+    DRAINED = "drained"
+    CANCEL = "cancel"
+    LOST = "lost"
+
+
+class InitMethod(enum.Enum):
+    COLD = "cold"
+    """A new pod: image pull, weights from storage, engine start."""
+    WARM = "warm"
+    """A sleeping engine woken up (vLLM ``/wake_up``, Triton explicit model load)."""
+
+
+S, E = InstanceState, InstanceEvent
+
+TRANSITIONS: dict[tuple[InstanceState, InstanceEvent], InstanceState] = {
+    (S.PENDING, E.START_WARMUP): S.WARMING,
+    (S.PENDING, E.CANCEL): S.TERMINATED,
+    (S.WARMING, E.WARMED): S.READY,
+    (S.WARMING, E.WARMUP_FAILED): S.FAILED,
+    (S.WARMING, E.DRAIN): S.DRAINING,
+    (S.READY, E.WORK): S.BUSY,
+    (S.BUSY, E.IDLE): S.READY,
+    (S.READY, E.SLEEP): S.STANDBY,
+    (S.STANDBY, E.WAKE): S.WARMING,
+    (S.READY, E.DRAIN): S.DRAINING,
+    (S.BUSY, E.DRAIN): S.DRAINING,
+    (S.STANDBY, E.DRAIN): S.DRAINING,
+    (S.DRAINING, E.DRAINED): S.TERMINATED,
+}
+for _s in InstanceState:
+    if not _s.terminal:
+        TRANSITIONS[(_s, E.LOST)] = S.FAILED
+del _s
+
+INIT_METHOD_OF: dict[tuple[InstanceState, InstanceEvent], InitMethod] = {
+    (S.PENDING, E.START_WARMUP): InitMethod.COLD,
+    (S.STANDBY, E.WAKE): InitMethod.WARM,
+}
+"""Transitions that begin a warm-up, and which kind of start that is."""
+
+
+def next_state(instance_id: str, state: InstanceState, event: InstanceEvent) -> InstanceState:
+    """Look ``(state, event)`` up in :data:`TRANSITIONS`; raise :class:`IllegalTransition` if absent."""
+    try:
+        return TRANSITIONS[(state, event)]
+    except KeyError:
+        raise IllegalTransition(instance_id, state.value, event.value) from None
+
+
+@dataclass(frozen=True, slots=True)
+class Instance:
+    """One inference engine instance (a pod) as the replicated state knows it."""
+
+    id: InstanceId
+    deployment: DeploymentId
+    tenant: TenantId
+    cluster: ClusterId
+    zone: ZoneId
+    pool: PoolId
+    gpus: int
+    state: InstanceState
+    init_method: InitMethod
+    created_ms: int
+    state_since_ms: int
+    drain_deadline_ms: int = 0
+    preempted: bool = False
+    """Set when the instance was sent to Draining to free GPUs for a higher-priority tenant."""
+
+
+@dataclass(frozen=True, slots=True)
+class Transitioned:
+    """The record of one transition: what the shell logs and counts."""
+
+    instance_id: InstanceId
+    from_state: InstanceState
+    to_state: InstanceState
+    event: InstanceEvent
+    latency_ms: int
+    """Time spent in ``from_state``."""
+    init_method: InitMethod
+    at_ms: int
+
+
+def transition(
+    inst: Instance, event: InstanceEvent, at_ms: int, *, drain_deadline_ms: int = 0, preempted: bool = False
+) -> tuple[Instance, Transitioned]:
+    """Apply ``event`` to ``inst`` at ``at_ms``. Pure; raises :class:`IllegalTransition`."""
+    to = next_state(inst.id, inst.state, event)
+    init = INIT_METHOD_OF.get((inst.state, event), inst.init_method)
+    new = replace(
+        inst,
+        state=to,
+        init_method=init,
+        state_since_ms=at_ms,
+        drain_deadline_ms=drain_deadline_ms if to is S.DRAINING else inst.drain_deadline_ms,
+        preempted=inst.preempted or (preempted and to is S.DRAINING),
+    )
+    rec = Transitioned(inst.id, inst.state, to, event, max(0, at_ms - inst.state_since_ms), init, at_ms)
+    return new, rec
+
+
+def mermaid_diagram() -> str:
+    """The lifecycle as a Mermaid state diagram, generated from :data:`TRANSITIONS`."""
+    lines = ["stateDiagram-v2", "    [*] --> Pending"]
+    for (src, ev), dst in sorted(TRANSITIONS.items(), key=lambda kv: (kv[0][0].value, kv[0][1].value)):
+        lines.append(f"    {src.value} --> {dst.value}: {ev.value}")
+    lines += ["    Terminated --> [*]", "    Failed --> [*]"]
+    return "\n".join(lines) + "\n"

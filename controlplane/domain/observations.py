@@ -1,0 +1,56 @@
+"""Observations: soft state sampled by the adapters (never replicated through Raft).
+
+An :class:`InstanceSample` carries the engine-native signals of one instance at one moment, named
+after the engines' own metrics (``shared/design/CONTRACTS.md``): vLLM ``num_requests_running``,
+``num_requests_waiting``, ``kv_cache_usage_perc`` (a 0..1 fraction), the ``time_to_first_token_seconds``
+histogram, token counters, and NVML memory. Triton and DeepSpeed-MII drivers map their metrics onto
+the same fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from controlplane.domain.ids import DeploymentId, InstanceId
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceSample:
+    instance_id: InstanceId
+    deployment: DeploymentId
+    at_ms: int
+    running: int
+    """Requests in the engine's running batch."""
+    waiting: int
+    """Requests queued in the engine (not yet scheduled)."""
+    kv_usage: float
+    """KV-cache usage fraction, 0..1."""
+    tokens_per_s: float
+    """Prompt + generated tokens processed per second over the last sample interval."""
+    ttft_p99_ms: float | None = None
+    """p99 of time to first token over the last sample interval; None when no request started."""
+    gpu_mem_used_bytes: int = 0
+    gpu_mem_total_bytes: int = 0
+    healthy: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentSignals:
+    """One deployment's load at one moment, aggregated over its serving instances and its gateway."""
+
+    at_ms: int
+    serving: int
+    """Instances in Ready or Busy."""
+    running: int
+    waiting: int
+    """Requests queued in engines plus requests held at the gateway waiting for any instance."""
+    kv_usage: float
+    """Mean KV-cache usage fraction over serving instances (0 when none)."""
+    tokens_per_s: float
+    ttft_p99_ms: float | None
+    gpu_mem_frac: float = 0.0
+    """Highest GPU memory fraction among serving instances (NVML), for headroom checks."""
+
+    @property
+    def concurrency(self) -> int:
+        return self.running + self.waiting

@@ -1,0 +1,180 @@
+"""Tenants, their model deployments, and the scaling policy of a deployment.
+
+A tenant owns a guaranteed GPU quota per pool and may *borrow* idle GPUs beyond it, up to a
+borrowing limit; borrowed GPUs are the first to be reclaimed when another tenant needs its own
+quota back. ``priority`` orders tenants when the fleet is short: a higher number wins.
+
+Constructors validate their invariants and raise :class:`ValidationError` naming the field.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from controlplane.domain.errors import ValidationError
+from controlplane.domain.ids import DeploymentId, PoolId, TenantId, id_problem
+
+MAX_PRIORITY = 1_000_000
+
+
+def check_id(field_name: str, value: object) -> None:
+    problem = id_problem(value)
+    if problem:
+        raise ValidationError(field_name, problem)
+
+
+def check_range(field_name: str, value: float, lo: float, hi: float | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValidationError(field_name, f"must be a number, got {type(value).__name__}")
+    if value < lo or (hi is not None and value > hi):
+        bound = f">= {lo}" if hi is None else f"between {lo} and {hi}"
+        raise ValidationError(field_name, f"must be {bound}, got {value}")
+
+
+def check_gpu_map(field_name: str, values: Mapping[PoolId, int]) -> None:
+    for pool, n in values.items():
+        check_id(f"{field_name}.{pool}", pool)
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise ValidationError(f"{field_name}.{pool}", f"must be an integer, got {type(n).__name__}")
+        check_range(f"{field_name}.{pool}", n, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Slo:
+    """Service-level objectives of a tenant."""
+
+    ttft_p99_ms: int = 2_000
+    """Time to first token that 99 % of requests must meet."""
+    max_queue_ms: int = 60_000
+    """A request still waiting for an instance after this long is dropped (answered 503)."""
+
+    def __post_init__(self) -> None:
+        check_range("slo.ttft_p99_ms", self.ttft_p99_ms, 1)
+        check_range("slo.max_queue_ms", self.max_queue_ms, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    id: TenantId
+    priority: int
+    quota: Mapping[PoolId, int] = field(default_factory=dict)
+    """Guaranteed GPUs per pool."""
+    borrow_limit: Mapping[PoolId, int] = field(default_factory=dict)
+    """GPUs the tenant may hold beyond its quota when they are idle (reclaimable at any time)."""
+    slo: Slo = field(default_factory=Slo)
+
+    def __post_init__(self) -> None:
+        check_id("tenant.id", self.id)
+        check_range("tenant.priority", self.priority, 0, MAX_PRIORITY)
+        check_gpu_map("tenant.quota", self.quota)
+        check_gpu_map("tenant.borrow_limit", self.borrow_limit)
+
+    def quota_in(self, pool: PoolId) -> int:
+        return self.quota.get(pool, 0)
+
+    def ceiling_in(self, pool: PoolId) -> int:
+        """Most GPUs the tenant may ever hold in ``pool``: quota plus borrowing limit."""
+        return self.quota.get(pool, 0) + self.borrow_limit.get(pool, 0)
+
+
+class Engine(enum.Enum):
+    VLLM = "vllm"
+    TRITON = "triton"
+    DEEPSPEED_MII = "deepspeed-mii"
+
+
+@dataclass(frozen=True, slots=True)
+class ScalingPolicy:
+    """How a deployment's replica count follows its load. Defaults are the product's defaults.
+
+    Every signal proposes a replica count; the largest proposal wins (as in the Kubernetes HPA), so a
+    deployment is sized for whichever resource runs out first.
+    """
+
+    target_concurrency: float = 24.0
+    """Running + waiting requests one replica should carry (vLLM ``num_requests_running/waiting``)."""
+    target_kv_usage: float = 0.70
+    """KV-cache usage fraction (``vllm:kv_cache_usage_perc``) to aim for."""
+    target_token_utilization: float = 0.60
+    """Share of the profile's token throughput one replica should run at."""
+    tolerance: float = 0.10
+    """No change while desired/current is within [1 - tolerance, 1 + tolerance]."""
+    stable_window_ms: int = 30_000
+    """Sliding window of the stable signal."""
+    ewma_half_life_ms: int = 4_000
+    """Half-life of the EWMA that smooths each signal inside the window."""
+    panic_window_ms: int = 3_000
+    """Short window that detects bursts."""
+    panic_threshold: float = 1.6
+    """Enter panic when the panic-window demand is this many times the current capacity."""
+    panic_hold_ms: int = 30_000
+    """Stay in panic (no scale-down) this long after the last over-threshold tick."""
+    scale_down_stabilization_ms: int = 60_000
+    """Scale down only to the highest recommendation of this trailing window."""
+    max_step_up: int = 32
+    """Most replicas added by one decision."""
+    max_step_down: int = 2
+    """Most replicas removed by one decision."""
+    scale_down_cooldown_ms: int = 5_000
+    """Least time between two scale-down steps."""
+    ttft_slo_weight: float = 1.0
+    """How strongly a TTFT p99 above the SLO pushes the replica count up (0 disables the signal)."""
+
+    def __post_init__(self) -> None:
+        check_range("policy.target_concurrency", self.target_concurrency, 0.01)
+        check_range("policy.target_kv_usage", self.target_kv_usage, 0.01, 1.0)
+        check_range("policy.target_token_utilization", self.target_token_utilization, 0.01, 1.0)
+        check_range("policy.tolerance", self.tolerance, 0.0, 0.9)
+        check_range("policy.stable_window_ms", self.stable_window_ms, 1_000)
+        check_range("policy.ewma_half_life_ms", self.ewma_half_life_ms, 1)
+        check_range("policy.panic_window_ms", self.panic_window_ms, 250)
+        if self.panic_window_ms > self.stable_window_ms:
+            raise ValidationError(
+                "policy.panic_window_ms",
+                f"must not exceed stable_window_ms ({self.stable_window_ms}), got {self.panic_window_ms}",
+            )
+        check_range("policy.panic_threshold", self.panic_threshold, 1.0)
+        check_range("policy.panic_hold_ms", self.panic_hold_ms, 0)
+        check_range("policy.scale_down_stabilization_ms", self.scale_down_stabilization_ms, 0)
+        check_range("policy.max_step_up", self.max_step_up, 1)
+        check_range("policy.max_step_down", self.max_step_down, 1)
+        check_range("policy.scale_down_cooldown_ms", self.scale_down_cooldown_ms, 0)
+        check_range("policy.ttft_slo_weight", self.ttft_slo_weight, 0.0, 10.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Deployment:
+    id: DeploymentId
+    tenant: TenantId
+    engine: Engine
+    model: str
+    """Name of a :class:`~controlplane.domain.profiles.ModelProfile`."""
+    pool: PoolId
+    gpus_per_instance: int
+    min_replicas: int = 1
+    """Guaranteed minimum: never preempted below this, never scaled below it."""
+    max_replicas: int = 64
+    warm_pool: int = 1
+    """Sleeping (Standby) instances kept ready for a warm start."""
+    policy: ScalingPolicy = field(default_factory=ScalingPolicy)
+    created_ms: int = 0
+
+    def __post_init__(self) -> None:
+        check_id("deployment.id", self.id)
+        check_id("deployment.tenant", self.tenant)
+        check_id("deployment.pool", self.pool)
+        if not isinstance(self.engine, Engine):
+            raise ValidationError("deployment.engine", f"unknown engine {self.engine!r}")
+        if not self.model:
+            raise ValidationError("deployment.model", "must not be empty")
+        check_range("deployment.gpus_per_instance", self.gpus_per_instance, 1, 64)
+        check_range("deployment.min_replicas", self.min_replicas, 0)
+        check_range("deployment.max_replicas", self.max_replicas, 1, 100_000)
+        if self.min_replicas > self.max_replicas:
+            raise ValidationError(
+                "deployment.min_replicas",
+                f"must not exceed max_replicas ({self.max_replicas}), got {self.min_replicas}",
+            )
+        check_range("deployment.warm_pool", self.warm_pool, 0, 1_000)
