@@ -40,7 +40,7 @@ def id_problem(value: object) -> str | None:
         return "must not be empty"
     if len(value) > 63:
         return f"must be at most 63 characters, got {len(value)}"
-    if not _ID_RE.match(value):
+    if not _ID_RE.fullmatch(value):  # not match(): '$' also matches before a trailing newline
         return (
             f"{value!r} is not a valid id: use lower-case letters, digits and '-', "
             "starting and ending with a letter or digit"

@@ -54,3 +54,26 @@ class DeploymentSignals:
     @property
     def concurrency(self) -> int:
         return self.running + self.waiting
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceReport:
+    """A lifecycle fact reported by an adapter: the engine started warming, is ready, failed, drained,
+    or was lost. The leader turns reports into replicated ``TransitionInstance`` commands."""
+
+    instance_id: InstanceId
+    event: str
+    """An :class:`~controlplane.domain.instances.InstanceEvent` value."""
+    at_ms: int
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Observations:
+    """Everything one tick gathers from the adapters."""
+
+    at_ms: int
+    samples: tuple[InstanceSample, ...] = ()
+    reports: tuple[InstanceReport, ...] = ()
+    gateway_waiting: tuple[tuple[DeploymentId, int], ...] = ()
+    """Requests held at the gateway per deployment because no instance could take them."""

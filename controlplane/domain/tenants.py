@@ -10,6 +10,7 @@ Constructors validate their invariants and raise :class:`ValidationError` naming
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -28,9 +29,17 @@ def check_id(field_name: str, value: object) -> None:
 def check_range(field_name: str, value: float, lo: float, hi: float | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValidationError(field_name, f"must be a number, got {type(value).__name__}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValidationError(field_name, f"must be a finite number, got {value}")
     if value < lo or (hi is not None and value > hi):
         bound = f">= {lo}" if hi is None else f"between {lo} and {hi}"
         raise ValidationError(field_name, f"must be {bound}, got {value}")
+
+
+def check_int(field_name: str, value: int, lo: int, hi: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValidationError(field_name, f"must be an integer, got {value!r}")
+    check_range(field_name, value, lo, hi)
 
 
 def check_gpu_map(field_name: str, values: Mapping[PoolId, int]) -> None:
@@ -51,8 +60,8 @@ class Slo:
     """A request still waiting for an instance after this long is dropped (answered 503)."""
 
     def __post_init__(self) -> None:
-        check_range("slo.ttft_p99_ms", self.ttft_p99_ms, 1)
-        check_range("slo.max_queue_ms", self.max_queue_ms, 1)
+        check_int("slo.ttft_p99_ms", self.ttft_p99_ms, 1)
+        check_int("slo.max_queue_ms", self.max_queue_ms, 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +76,7 @@ class Tenant:
 
     def __post_init__(self) -> None:
         check_id("tenant.id", self.id)
-        check_range("tenant.priority", self.priority, 0, MAX_PRIORITY)
+        check_int("tenant.priority", self.priority, 0, MAX_PRIORITY)
         check_gpu_map("tenant.quota", self.quota)
         check_gpu_map("tenant.borrow_limit", self.borrow_limit)
 
@@ -127,20 +136,20 @@ class ScalingPolicy:
         check_range("policy.target_kv_usage", self.target_kv_usage, 0.01, 1.0)
         check_range("policy.target_token_utilization", self.target_token_utilization, 0.01, 1.0)
         check_range("policy.tolerance", self.tolerance, 0.0, 0.9)
-        check_range("policy.stable_window_ms", self.stable_window_ms, 1_000)
-        check_range("policy.ewma_half_life_ms", self.ewma_half_life_ms, 1)
-        check_range("policy.panic_window_ms", self.panic_window_ms, 250)
+        check_int("policy.stable_window_ms", self.stable_window_ms, 1_000)
+        check_int("policy.ewma_half_life_ms", self.ewma_half_life_ms, 1)
+        check_int("policy.panic_window_ms", self.panic_window_ms, 250)
         if self.panic_window_ms > self.stable_window_ms:
             raise ValidationError(
                 "policy.panic_window_ms",
                 f"must not exceed stable_window_ms ({self.stable_window_ms}), got {self.panic_window_ms}",
             )
         check_range("policy.panic_threshold", self.panic_threshold, 1.0)
-        check_range("policy.panic_hold_ms", self.panic_hold_ms, 0)
-        check_range("policy.scale_down_stabilization_ms", self.scale_down_stabilization_ms, 0)
-        check_range("policy.max_step_up", self.max_step_up, 1)
-        check_range("policy.max_step_down", self.max_step_down, 1)
-        check_range("policy.scale_down_cooldown_ms", self.scale_down_cooldown_ms, 0)
+        check_int("policy.panic_hold_ms", self.panic_hold_ms, 0)
+        check_int("policy.scale_down_stabilization_ms", self.scale_down_stabilization_ms, 0)
+        check_int("policy.max_step_up", self.max_step_up, 1)
+        check_int("policy.max_step_down", self.max_step_down, 1)
+        check_int("policy.scale_down_cooldown_ms", self.scale_down_cooldown_ms, 0)
         check_range("policy.ttft_slo_weight", self.ttft_slo_weight, 0.0, 10.0)
 
 
@@ -169,12 +178,12 @@ class Deployment:
             raise ValidationError("deployment.engine", f"unknown engine {self.engine!r}")
         if not self.model:
             raise ValidationError("deployment.model", "must not be empty")
-        check_range("deployment.gpus_per_instance", self.gpus_per_instance, 1, 64)
-        check_range("deployment.min_replicas", self.min_replicas, 0)
-        check_range("deployment.max_replicas", self.max_replicas, 1, 100_000)
+        check_int("deployment.gpus_per_instance", self.gpus_per_instance, 1, 64)
+        check_int("deployment.min_replicas", self.min_replicas, 0)
+        check_int("deployment.max_replicas", self.max_replicas, 1, 100_000)
         if self.min_replicas > self.max_replicas:
             raise ValidationError(
                 "deployment.min_replicas",
                 f"must not exceed max_replicas ({self.max_replicas}), got {self.min_replicas}",
             )
-        check_range("deployment.warm_pool", self.warm_pool, 0, 1_000)
+        check_int("deployment.warm_pool", self.warm_pool, 0, 1_000)

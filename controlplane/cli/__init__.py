@@ -1,0 +1,1 @@
+"""Command-line interfaces: ``controlplane`` (operators) and ``tenantctl`` (platform teams)."""

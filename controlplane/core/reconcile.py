@@ -1,0 +1,379 @@
+"""One tick of the control loop as two pure functions.
+
+* :func:`facts` turns what the adapters reported (lifecycle reports, samples, failed sends) into
+  replicated commands: instance transitions and circuit-breaker updates.
+* :func:`plan` decides: a scaling decision per deployment -> tenant allocation and preemption ->
+  warm-pool sizing -> breaker gating -> placement, and returns an ordered :class:`Plan`.
+
+The shell commits ``facts`` and then ``plan.commands`` through the replicator **before** it sends any
+adapter command derived from them (commit, then act). Both functions are deterministic given their
+inputs (the injected ``rng`` only draws breaker backoff jitter, whose result is then committed).
+
+Per deployment, with ``grant`` serving replicas allowed by the allocation and ``warm`` Standby
+instances allowed from the capacity left over after every serving grant:
+
+1. preemption victims are drained (with a grace period);
+2. Standby instances are woken (warm starts) before anything new is created;
+3. ``allowance = grant + max(0, warm - standby)``: serving-bound instances above it are removed
+   (Pending cancelled, others drained), below it new ones are placed (cold starts);
+4. idle Ready instances beyond ``grant`` are put to sleep while the warm pool has room;
+5. Standby instances beyond ``warm`` are drained.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from controlplane.core import breaker as br
+from controlplane.core import placement, preemption, scaling
+from controlplane.core.signals import FilteredSignals
+from controlplane.domain import commands as c
+from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId, PoolId
+from controlplane.domain.instances import TRANSITIONS, Instance, InstanceEvent, InstanceState
+from controlplane.domain.observations import Observations
+from controlplane.domain.profiles import PROFILES
+from controlplane.domain.records import CLOSED_BREAKER, BreakerPhase, BreakerRecord
+from controlplane.domain.state import ControlState
+from controlplane.domain.tenants import Deployment
+
+S, E = InstanceState, InstanceEvent
+SERVING_BOUND = (S.PENDING, S.WARMING, S.READY, S.BUSY)
+
+MAX_CREATES_PER_TICK = 256
+"""Fan-out limit: most new instances one tick may create (all deployments together)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileConfig:
+    preemption_grace_ms: int = 30_000
+    """Running requests of a preempted instance may finish for this long."""
+    scale_in_grace_ms: int = 60_000
+    """Running requests of an instance removed by scale-in may finish for this long."""
+    breaker: br.BreakerConfig = field(default_factory=br.BreakerConfig)
+    max_creates_per_tick: int = MAX_CREATES_PER_TICK
+
+
+@dataclass(frozen=True, slots=True)
+class SendFailure:
+    """An adapter command that could not be delivered (the adapter was unreachable)."""
+
+    cluster_id: ClusterId
+    instance_id: InstanceId
+    action: str
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    commands: tuple[c.Command, ...]
+    """Commit in this order, as one log entry, before any adapter sees them."""
+    decisions: tuple[tuple[DeploymentId, scaling.ScaleDecision], ...] = ()
+    grants: tuple[tuple[DeploymentId, int, int], ...] = ()
+    """Per deployment: (id, serving replicas granted, warm-pool instances granted)."""
+    notes: tuple[str, ...] = ()
+    """Why something wanted could not be done this tick (no capacity, all clusters blocked...)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# facts
+
+
+def cluster_key(cluster_id: str) -> str:
+    return br.breaker_key("cluster", cluster_id)
+
+
+def deployment_key(cluster_id: str, deployment_id: str) -> str:
+    return br.breaker_key("deployment", cluster_id, deployment_id)
+
+
+class _Breakers:
+    """Breaker records as of this tick: the replicated ones plus updates made during the tick."""
+
+    def __init__(self, replicated: Mapping[str, BreakerRecord]) -> None:
+        self._replicated = replicated
+        self.updated: dict[str, BreakerRecord] = {}
+
+    def get(self, key: str) -> BreakerRecord:
+        return self.updated.get(key) or self._replicated.get(key, CLOSED_BREAKER)
+
+    def put(self, key: str, rec: BreakerRecord) -> None:
+        if rec != self.get(key):
+            self.updated[key] = rec
+
+    def commands(self) -> list[c.Command]:
+        return [c.PutBreaker(k, r) for k, r in self.updated.items()]
+
+
+def facts(
+    state: ControlState,
+    obs: Observations,
+    failures: Sequence[SendFailure],
+    now_ms: int,
+    cfg: ReconcileConfig,
+    rng: random.Random,
+) -> tuple[c.Command, ...]:
+    """Replicated commands for what happened since the last tick."""
+    out: list[c.Command] = []
+    breakers = _Breakers(state.breakers)
+    states = {iid: inst.state for iid, inst in state.instances.items()}
+
+    def move(inst: Instance, event: InstanceEvent, at_ms: int) -> bool:
+        cur = states.get(inst.id)
+        if cur is None or (cur, event) not in TRANSITIONS:
+            return False
+        states[inst.id] = TRANSITIONS[(cur, event)]
+        out.append(c.TransitionInstance(inst.id, event, at_ms))
+        return True
+
+    for rep in obs.reports:
+        inst = state.instances.get(rep.instance_id)
+        if inst is None:
+            continue
+        event = InstanceEvent(rep.event)
+        if not move(inst, event, rep.at_ms):
+            continue
+        _feed_breakers(breakers, inst, event, rep.at_ms, cfg, rng)
+    for f in failures:
+        rec = breakers.get(cluster_key(f.cluster_id))
+        breakers.put(cluster_key(f.cluster_id), br.on_failure(rec, f.at_ms, cfg.breaker, rng))
+        inst = state.instances.get(f.instance_id)
+        if inst is not None and f.action in ("create", "wake"):
+            move(inst, E.LOST, f.at_ms)
+    for sample in obs.samples:
+        inst = state.instances.get(sample.instance_id)
+        if inst is None:
+            continue
+        if states.get(inst.id) is S.READY and sample.running + sample.waiting > 0:
+            move(inst, E.WORK, sample.at_ms)
+        elif states.get(inst.id) is S.BUSY and sample.running + sample.waiting == 0:
+            move(inst, E.IDLE, sample.at_ms)
+    return tuple(out + breakers.commands())
+
+
+def _feed_breakers(
+    breakers: _Breakers, inst: Instance, event: InstanceEvent, at_ms: int, cfg: ReconcileConfig, rng: random.Random
+) -> None:
+    dkey, ckey = deployment_key(inst.cluster, inst.deployment), cluster_key(inst.cluster)
+    if event is E.WARMED:
+        breakers.put(dkey, br.on_success(breakers.get(dkey), at_ms))
+        breakers.put(ckey, br.on_success(breakers.get(ckey), at_ms))
+    elif event is E.WARMUP_FAILED:
+        breakers.put(dkey, br.on_failure(breakers.get(dkey), at_ms, cfg.breaker, rng))
+    elif event is E.LOST:
+        breakers.put(ckey, br.on_failure(breakers.get(ckey), at_ms, cfg.breaker, rng))
+
+
+# ---------------------------------------------------------------------------------------------
+# plan
+
+
+@dataclass
+class _Tick:
+    """Mutable scratch space of one plan() call (never escapes it)."""
+
+    state: ControlState
+    now_ms: int
+    cfg: ReconcileConfig
+    breakers: _Breakers
+    free: dict[tuple[ClusterId, PoolId], int]
+    creates_left: int
+    commands: list[c.Command] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def plan(
+    state: ControlState,
+    signals: Mapping[DeploymentId, FilteredSignals | None],
+    loads: Mapping[InstanceId, float],
+    now_ms: int,
+    cfg: ReconcileConfig,
+) -> Plan:
+    """Decide one tick. Pure: reads ``state``, returns the commands to commit."""
+    tick = _Tick(
+        state, now_ms, cfg, _Breakers(state.breakers),
+        {(cl.id, pool): state.free_gpus(cl.id, pool) for cl in state.clusters.values() for pool in cl.capacity},
+        cfg.max_creates_per_tick,
+    )
+    deployments = [state.deployments[k] for k in sorted(state.deployments)]
+    decisions = {d.id: _decide(state, d, signals.get(d.id), now_ms) for d in deployments}
+    allocation = preemption.allocate(
+        state.tenants, [_demand(state, d, decisions[d.id].target, loads) for d in deployments],
+        _healthy_capacity(state, tick.breakers, now_ms), now_ms,
+    )
+    warm = _warm_grants(state, deployments, decisions, allocation, tick.breakers, now_ms)
+    victims = preemption.choose_victims(
+        allocation, [i for i in state.instances.values() if not i.state.terminal], state.tenants, loads,
+        now_ms, cfg.preemption_grace_ms,
+    )
+    by_dep: dict[DeploymentId, list[preemption.Victim]] = {}
+    for v in victims:
+        by_dep.setdefault(v.deployment_id, []).append(v)
+    grants = []
+    for d in deployments:
+        grant = allocation.grants[d.id].replicas if d.id in allocation.grants else decisions[d.id].target
+        _record_decision(tick, d, decisions[d.id], grant, warm[d.id])
+        _converge(tick, d, grant, warm[d.id], by_dep.get(d.id, []), loads)
+        grants.append((d.id, grant, warm[d.id]))
+    cmds = tick.breakers.commands() + tick.commands
+    return Plan(tuple(cmds), tuple(decisions.items()), tuple(grants), tuple(tick.notes))
+
+
+def _decide(state: ControlState, d: Deployment, sig: FilteredSignals | None, now_ms: int) -> scaling.ScaleDecision:
+    desired = state.desired.get(d.id)
+    current = desired.replicas if desired is not None else d.min_replicas
+    profile = PROFILES[d.model]
+    return scaling.decide(d, profile, state.tenants[d.tenant].slo, sig, state.memory_of(d.id), current, now_ms)
+
+
+def _demand(state: ControlState, d: Deployment, want: int, loads: Mapping[InstanceId, float]) -> preemption.Demand:
+    live = [i for i in state.instances_of(d.id) if i.state in SERVING_BOUND]
+    serving = [loads.get(i.id, 0.0) for i in live if i.state.serving]
+    load = sum(serving) / len(serving) if serving else 0.0
+    return preemption.Demand(deployment=d, want=want, have=len(live), load=load)
+
+
+def _healthy_capacity(state: ControlState, breakers: _Breakers, now_ms: int) -> dict[PoolId, int]:
+    """GPUs per pool in clusters whose cluster breaker is not open."""
+    cap: dict[PoolId, int] = {}
+    for cid in sorted(state.clusters):
+        rec = breakers.get(cluster_key(cid))
+        if rec.phase is BreakerPhase.OPEN:
+            continue
+        for pool, n in sorted(state.clusters[cid].capacity.items()):
+            cap[pool] = cap.get(pool, 0) + n
+    return cap
+
+
+def _warm_grants(
+    state: ControlState,
+    deployments: Sequence[Deployment],
+    decisions: Mapping[DeploymentId, scaling.ScaleDecision],
+    allocation: preemption.Allocation,
+    breakers: _Breakers,
+    now_ms: int,
+) -> dict[DeploymentId, int]:
+    """Warm pools come out of the capacity left after every serving grant, by tenant priority."""
+    left = _healthy_capacity(state, breakers, now_ms)
+    for d in deployments:
+        g = allocation.grants.get(d.id)
+        left[d.pool] = left.get(d.pool, 0) - (g.replicas if g else 0) * d.gpus_per_instance
+    order = sorted(deployments, key=lambda d: (-state.tenants[d.tenant].priority, d.tenant, d.id))
+    warm: dict[DeploymentId, int] = {}
+    for d in order:
+        fits = max(0, left.get(d.pool, 0)) // d.gpus_per_instance
+        warm[d.id] = min(decisions[d.id].warm_pool, fits)
+        left[d.pool] = left.get(d.pool, 0) - warm[d.id] * d.gpus_per_instance
+    return warm
+
+
+def _record_decision(tick: _Tick, d: Deployment, dec: scaling.ScaleDecision, grant: int, warm: int) -> None:
+    old = tick.state.desired.get(d.id)
+    if old is None or (old.replicas, old.warm_pool) != (grant, warm):
+        reason = dec.reason.value if grant == dec.target else f"{dec.reason.value}; allocation granted {grant} of {dec.target}"
+        tick.commands.append(c.SetDesired(d.id, grant, warm, reason, tick.now_ms))
+    if dec.memory != tick.state.memory_of(d.id):
+        tick.commands.append(c.PutScaleMemory(d.id, dec.memory))
+
+
+def _converge(
+    tick: _Tick,
+    d: Deployment,
+    grant: int,
+    warm: int,
+    victims: Sequence[preemption.Victim],
+    loads: Mapping[InstanceId, float],
+) -> None:
+    instances = [i for i in tick.state.instances_of(d.id) if not i.state.terminal]
+    gone = {v.instance_id for v in victims}
+    for v in victims:
+        tick.commands.append(
+            c.TransitionInstance(v.instance_id, E.DRAIN, tick.now_ms, drain_deadline_ms=v.drain_deadline_ms, preempted=True)
+        )
+    live = [i for i in instances if i.state in SERVING_BOUND and i.id not in gone]
+    blocked = _blocked(tick, d)
+    standby = [i for i in instances if i.state is S.STANDBY and i.id not in gone]
+    wake = [i for i in _newest_first(standby) if i.cluster not in blocked][: max(0, grant - len(live))]
+    for i in wake:
+        tick.commands.append(c.TransitionInstance(i.id, E.WAKE, tick.now_ms))
+    standby = [i for i in standby if i not in wake]
+    serving_count = len(live) + len(wake)
+    deficit = max(0, warm - len(standby))
+    allowance = grant + deficit
+    removed: set[InstanceId] = set()
+    if serving_count > allowance:
+        removed = set(placement.pick_removals(live, serving_count - allowance, loads))
+        for i in live:
+            if i.id in removed:
+                event = E.CANCEL if i.state is S.PENDING else E.DRAIN
+                deadline = tick.now_ms + tick.cfg.scale_in_grace_ms
+                tick.commands.append(c.TransitionInstance(i.id, event, tick.now_ms, drain_deadline_ms=deadline))
+    elif serving_count < allowance:
+        _create(tick, d, allowance - serving_count, [i for i in instances if i.id not in gone], blocked)
+    slept = _sleep_surplus(tick, live, removed, grant, deficit, loads)
+    for i in sorted(standby, key=lambda i: (i.cluster not in blocked, i.created_ms, i.id))[: max(0, len(standby) + slept - warm)]:
+        tick.commands.append(c.TransitionInstance(i.id, E.DRAIN, tick.now_ms, drain_deadline_ms=tick.now_ms))
+
+
+def _newest_first(instances: Iterable[Instance]) -> list[Instance]:
+    return sorted(instances, key=lambda i: (-i.created_ms, i.id))
+
+
+def _sleep_surplus(
+    tick: _Tick, live: Sequence[Instance], removed: set[InstanceId], grant: int, deficit: int, loads: Mapping[InstanceId, float]
+) -> int:
+    """Put idle Ready instances beyond ``grant`` to sleep while the warm pool has room."""
+    serving = [i for i in live if i.state.serving and i.id not in removed]
+    surplus = len(serving) - grant
+    idle = sorted((i for i in serving if i.state is S.READY), key=lambda i: (loads.get(i.id, 0.0), -i.created_ms, i.id))
+    chosen = idle[: max(0, min(deficit, surplus))]
+    for i in chosen:
+        tick.commands.append(c.TransitionInstance(i.id, E.SLEEP, tick.now_ms))
+    return len(chosen)
+
+
+def _blocked(tick: _Tick, d: Deployment) -> set[ClusterId]:
+    blocked = set()
+    for cid in tick.state.clusters:
+        for key in (cluster_key(cid), deployment_key(cid, d.id)):
+            if not br.allows(tick.breakers.get(key), tick.now_ms):
+                blocked.add(cid)
+    return blocked
+
+
+def _probe_cluster(tick: _Tick, d: Deployment, blocked: set[ClusterId]) -> ClusterId | None:
+    """A blocked cluster whose open breakers have all waited out their backoff: one probe may go."""
+    for cid in sorted(blocked):
+        recs = [tick.breakers.get(k) for k in (cluster_key(cid), deployment_key(cid, d.id))]
+        if all(r.phase is BreakerPhase.CLOSED or (r.phase is BreakerPhase.OPEN and tick.now_ms >= r.open_until_ms) for r in recs):
+            if tick.free.get((cid, d.pool), 0) >= d.gpus_per_instance:
+                return cid
+    return None
+
+
+def _create(tick: _Tick, d: Deployment, count: int, existing: Sequence[Instance], blocked: set[ClusterId]) -> None:
+    count = min(count, tick.creates_left)
+    if count <= 0:
+        return
+    clusters = [tick.state.clusters[k] for k in sorted(tick.state.clusters)]
+    free = {cl.id: tick.free.get((cl.id, d.pool), 0) for cl in clusters}
+    placed = placement.place(d, count, clusters, free, existing, blocked)
+    chosen = list(placed.clusters)
+    if placed.unplaced:
+        probe = _probe_cluster(tick, d, blocked)
+        if probe is not None:
+            chosen.append(probe)
+            for key in (cluster_key(probe), deployment_key(probe, d.id)):
+                rec = tick.breakers.get(key)
+                if rec.phase is BreakerPhase.OPEN:
+                    tick.breakers.put(key, br.on_probe(rec, tick.now_ms))
+        if len(chosen) < count:
+            tick.notes.append(f"{d.id}: {count - len(chosen)} of {count} new instances not placed: {placed.reason}")
+    first = tick.cfg.max_creates_per_tick - tick.creates_left
+    for k, cid in enumerate(chosen, start=first):
+        # Unique: one tick per now_ms, and k counts every creation of the tick.
+        iid = InstanceId(f"{d.id[:40]}-{tick.now_ms}-{k}")
+        tick.commands.append(c.CreateInstance(iid, d.id, cid, tick.now_ms))
+        tick.free[(cid, d.pool)] = tick.free.get((cid, d.pool), 0) - d.gpus_per_instance
+    tick.creates_left -= len(chosen)

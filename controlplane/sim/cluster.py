@@ -1,0 +1,310 @@
+"""Simulated clusters: engine instances with a service model, a gateway per deployment, failures.
+
+This is the simulator's side of two ports: it is the :class:`~controlplane.ports.ClusterAdapter`
+(fenced, idempotent commands: create / wake / sleep / drain / cancel) and the
+:class:`~controlplane.ports.ObservationSource` (engine-native samples, lifecycle reports, gateway
+queues) that the production control loop talks to.
+
+Service model of one instance (documented in ``docs/simulator.md``):
+
+* Continuous batching with vLLM's admission limits: at most ``max_num_seqs`` running requests and
+  their prompt + output tokens must fit in the KV cache; the rest wait in the engine queue (FIFO).
+* Prefill is serialised per instance at ``prefill_tokens_per_s`` (no chunked-prefill overlap).
+* The first token comes one decode step after the prefill; the remaining tokens follow at the step
+  time of the batch size at admission (``ModelProfile.step_ms``).
+* TTFT = first token - arrival, including time at the gateway while no instance was serving.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from controlplane.domain.errors import StaleEpoch, Unavailable
+from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId
+from controlplane.domain.instances import InstanceEvent
+from controlplane.domain.observations import InstanceReport, InstanceSample, Observations
+from controlplane.domain.profiles import ModelProfile
+from controlplane.ports import AdapterCommand, Fence
+
+# Event kinds of the simulator's heap.
+COMPLETE, WARM_DONE, DRAIN_DEADLINE = 1, 2, 3
+
+MAX_SEEN_REQUEST_IDS = 100_000
+"""Bound on the idempotency memory of the simulated adapter."""
+
+
+@dataclass(slots=True)
+class SimRequest:
+    rid: int
+    deployment: DeploymentId
+    arrival_ms: int
+    prompt: int
+    output: int
+    first_token_ms: int = -1
+    done: bool = False
+    dropped: bool = False
+
+
+@dataclass(slots=True)
+class SimInstance:
+    id: InstanceId
+    deployment: DeploymentId
+    cluster: ClusterId
+    profile: ModelProfile
+    gpus: int
+    created_ms: int
+    phase: str = "starting"  # starting | serving | sleeping | draining | gone
+    gen: int = 0
+    """Incarnation: bumped to invalidate scheduled events (a warm-up cancelled by a drain)."""
+    running: dict[int, SimRequest] = field(default_factory=dict)
+    queue: deque = field(default_factory=deque)
+    kv_used: int = 0
+    prefill_free_ms: float = 0.0
+    first_tokens: deque = field(default_factory=deque)
+    """(first_token_ms, ttft_ms) of admitted requests, in order: for the TTFT sample."""
+    prompt_tokens_since_sample: int = 0
+    gone_ms: int = -1
+
+    def load(self) -> int:
+        return len(self.running) + len(self.queue)
+
+
+class SimFleet:
+    """All simulated clusters. ``schedule(at_ms, kind, payload)`` pushes onto the simulator's heap."""
+
+    def __init__(
+        self,
+        profiles: dict[DeploymentId, ModelProfile],
+        gpus: dict[DeploymentId, int],
+        schedule: Callable[[float, int, object], None],
+        rng: random.Random,
+        warmup_failure: Callable[[ClusterId, DeploymentId, int], float],
+        on_request_done: Callable[[SimRequest, int], None],
+    ) -> None:
+        self._profiles = profiles
+        self._gpus = gpus
+        self._schedule = schedule
+        self._rng = rng
+        self._warmup_failure = warmup_failure
+        self._on_request_done = on_request_done
+        self.instances: dict[InstanceId, SimInstance] = {}
+        self.by_deployment: dict[DeploymentId, dict[InstanceId, SimInstance]] = {d: {} for d in profiles}
+        self.gateway: dict[DeploymentId, deque] = {d: deque() for d in profiles}
+        self.down: set[ClusterId] = set()
+        self.gpu_ms: dict[DeploymentId, float] = {d: 0.0 for d in profiles}
+        self._reports: list[InstanceReport] = []
+        self._highest_epoch = 0
+        self._seen: dict[str, None] = {}
+        self.stale_rejected = 0
+
+    # -- the adapter port -------------------------------------------------------------------
+    def send(self, cluster_id: ClusterId, cmd: AdapterCommand, fence: Fence, now_ms: int) -> None:
+        if fence.epoch < self._highest_epoch:
+            self.stale_rejected += 1
+            raise StaleEpoch(fence.epoch, self._highest_epoch)
+        self._highest_epoch = fence.epoch
+        if cluster_id in self.down:
+            raise Unavailable(f"cluster {cluster_id} is unreachable")
+        if cmd.request_id in self._seen:
+            return  # idempotent: applied already
+        self._seen[cmd.request_id] = None
+        if len(self._seen) > MAX_SEEN_REQUEST_IDS:
+            del self._seen[next(iter(self._seen))]
+        getattr(self, f"_do_{cmd.action}")(cmd, now_ms)
+
+    def _do_create(self, cmd: AdapterCommand, now_ms: int) -> None:
+        inst = cmd.instance
+        sim = SimInstance(inst.id, inst.deployment, inst.cluster, self._profiles[inst.deployment], inst.gpus, now_ms)
+        self.instances[sim.id] = sim
+        self.by_deployment[sim.deployment][sim.id] = sim
+        self._report(sim, InstanceEvent.START_WARMUP, now_ms)
+        self._start_warmup(sim, now_ms, sim.profile.cold_start_ms)
+
+    def _do_wake(self, cmd: AdapterCommand, now_ms: int) -> None:
+        sim = self.instances.get(cmd.instance.id)
+        if sim is not None and sim.phase == "sleeping":
+            self._start_warmup(sim, now_ms, sim.profile.warm_start_ms)
+
+    def _do_sleep(self, cmd: AdapterCommand, now_ms: int) -> None:
+        sim = self.instances.get(cmd.instance.id)
+        if sim is not None and sim.phase == "serving":
+            sim.phase = "sleeping"
+            self._requeue(sim, now_ms)
+
+    def _do_drain(self, cmd: AdapterCommand, now_ms: int) -> None:
+        sim = self.instances.get(cmd.instance.id)
+        if sim is None or sim.phase in ("draining", "gone"):
+            return
+        sim.phase = "draining"
+        sim.gen += 1  # cancels a warm-up in progress
+        self._requeue(sim, now_ms)
+        if sim.running:
+            self._schedule(max(now_ms, cmd.deadline_ms), DRAIN_DEADLINE, (sim.id, sim.gen))
+        else:
+            self._finish(sim, InstanceEvent.DRAINED, now_ms)
+
+    def _do_cancel(self, cmd: AdapterCommand, now_ms: int) -> None:
+        sim = self.instances.get(cmd.instance.id)
+        if sim is not None and sim.phase != "gone":
+            self._requeue(sim, now_ms)
+            self._finish(sim, None, now_ms)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def _start_warmup(self, sim: SimInstance, now_ms: int, duration_ms: int) -> None:
+        sim.phase = "starting"
+        sim.gen += 1
+        # +-10 % spread so that instances started together do not become ready in lock-step.
+        jitter = duration_ms * 0.1 * (2 * self._rng.random() - 1)
+        self._schedule(now_ms + duration_ms + jitter, WARM_DONE, (sim.id, sim.gen))
+
+    def on_warm_done(self, payload: tuple[InstanceId, int], now_ms: int) -> None:
+        sim = self.instances.get(payload[0])
+        if sim is None or sim.gen != payload[1] or sim.phase != "starting":
+            return
+        if self._rng.random() < self._warmup_failure(sim.cluster, sim.deployment, now_ms):
+            self._finish(sim, InstanceEvent.WARMUP_FAILED, now_ms)
+            return
+        sim.phase = "serving"
+        self._report(sim, InstanceEvent.WARMED, now_ms)
+        self.dispatch_gateway(sim.deployment, now_ms)
+
+    def on_drain_deadline(self, payload: tuple[InstanceId, int], now_ms: int) -> None:
+        sim = self.instances.get(payload[0])
+        if sim is not None and sim.gen == payload[1] and sim.phase == "draining":
+            self._finish(sim, InstanceEvent.DRAINED, now_ms)
+
+    def cluster_down(self, cluster_id: ClusterId, now_ms: int) -> None:
+        self.down.add(cluster_id)
+        for sim in [s for s in self.instances.values() if s.cluster == cluster_id]:
+            self._requeue(sim, now_ms)
+            self._finish(sim, InstanceEvent.LOST, now_ms)
+
+    def cluster_up(self, cluster_id: ClusterId) -> None:
+        self.down.discard(cluster_id)
+
+    def _finish(self, sim: SimInstance, event: InstanceEvent | None, now_ms: int) -> None:
+        for req in sim.running.values():
+            req.dropped = True  # aborted mid-flight
+            self._on_request_done(req, now_ms)
+        sim.running.clear()
+        sim.phase = "gone"
+        sim.gen += 1
+        sim.gone_ms = now_ms
+        self.gpu_ms[sim.deployment] += (now_ms - sim.created_ms) * sim.gpus
+        del self.instances[sim.id]
+        del self.by_deployment[sim.deployment][sim.id]
+        if event is not None:
+            self._report(sim, event, now_ms)
+
+    def _report(self, sim: SimInstance, event: InstanceEvent, now_ms: int) -> None:
+        self._reports.append(InstanceReport(sim.id, event.value, now_ms))
+
+    # -- requests -----------------------------------------------------------------------------
+    def arrive(self, req: SimRequest, now_ms: int) -> None:
+        target = self._pick(req.deployment)
+        if target is None:
+            self.gateway[req.deployment].append(req)
+        else:
+            self._enqueue(target, req, now_ms)
+
+    def _pick(self, deployment: DeploymentId) -> SimInstance | None:
+        best, best_load = None, 0
+        for sim in self.by_deployment[deployment].values():
+            if sim.phase == "serving" and (best is None or sim.load() < best_load):
+                best, best_load = sim, sim.load()
+        return best
+
+    def dispatch_gateway(self, deployment: DeploymentId, now_ms: int) -> None:
+        queue = self.gateway[deployment]
+        while queue:
+            target = self._pick(deployment)
+            if target is None:
+                return
+            self._enqueue(target, queue.popleft(), now_ms)
+
+    def drop_expired(self, deployment: DeploymentId, max_queue_ms: int, now_ms: int) -> None:
+        queue = self.gateway[deployment]
+        while queue and now_ms - queue[0].arrival_ms > max_queue_ms:
+            req = queue.popleft()
+            req.dropped = True
+            self._on_request_done(req, now_ms)
+
+    def _requeue(self, sim: SimInstance, now_ms: int) -> None:
+        """Requests not yet admitted on ``sim`` go back through the gateway."""
+        waiting, sim.queue = sim.queue, deque()
+        for req in waiting:
+            self.arrive(req, now_ms)
+
+    def _enqueue(self, sim: SimInstance, req: SimRequest, now_ms: int) -> None:
+        sim.queue.append(req)
+        self._admit(sim, now_ms)
+
+    def _admit(self, sim: SimInstance, now_ms: int) -> None:
+        p = sim.profile
+        while sim.queue and len(sim.running) < p.max_num_seqs:
+            req = sim.queue[0]
+            need = req.prompt + req.output
+            if sim.kv_used + need > p.kv_capacity_tokens and sim.running:
+                return  # wait for KV blocks (a request larger than the cache runs alone)
+            sim.queue.popleft()
+            start = max(float(now_ms), sim.prefill_free_ms)
+            prefill_end = start + req.prompt * 1000.0 / p.prefill_tokens_per_s
+            sim.prefill_free_ms = prefill_end
+            step = p.step_ms(len(sim.running) + 1)
+            first = prefill_end + step
+            req.first_token_ms = int(first)
+            sim.running[req.rid] = req
+            sim.kv_used += need
+            sim.prompt_tokens_since_sample += req.prompt
+            sim.first_tokens.append((req.first_token_ms, req.first_token_ms - req.arrival_ms))
+            self._schedule(first + (req.output - 1) * step, COMPLETE, (sim.id, sim.gen, req.rid))
+
+    def on_complete(self, payload: tuple[InstanceId, int, int], now_ms: int) -> None:
+        sim = self.instances.get(payload[0])
+        if sim is None:
+            return
+        req = sim.running.pop(payload[2], None)
+        if req is None:
+            return
+        req.done = True
+        sim.kv_used -= req.prompt + req.output
+        self._on_request_done(req, now_ms)
+        self._admit(sim, now_ms)
+        if sim.phase == "draining" and not sim.running:
+            self._finish(sim, InstanceEvent.DRAINED, now_ms)
+
+    # -- the observation port -----------------------------------------------------------------
+    def gather(self, now_ms: int, interval_ms: int = 250) -> Observations:
+        samples = [self._sample(sim, now_ms, interval_ms) for sim in self.instances.values() if sim.phase == "serving"]
+        reports, self._reports = tuple(self._reports), []
+        gateway = tuple((d, len(q)) for d, q in self.gateway.items() if q)
+        return Observations(now_ms, tuple(samples), reports, gateway)
+
+    def _sample(self, sim: SimInstance, now_ms: int, interval_ms: int) -> InstanceSample:
+        p = sim.profile
+        ttfts = []
+        while sim.first_tokens and sim.first_tokens[0][0] <= now_ms:
+            ttfts.append(sim.first_tokens.popleft()[1])
+        waiting_prefill = len(sim.first_tokens)  # admitted, first token still to come
+        decoding = max(0, len(sim.running) - waiting_prefill)
+        tps = sim.prompt_tokens_since_sample * 1000.0 / interval_ms + (p.decode_tokens_per_s(decoding) if decoding else 0.0)
+        sim.prompt_tokens_since_sample = 0
+        return InstanceSample(
+            instance_id=sim.id,
+            deployment=sim.deployment,
+            at_ms=now_ms,
+            running=decoding,
+            waiting=len(sim.queue) + waiting_prefill,
+            kv_usage=min(1.0, sim.kv_used / p.kv_capacity_tokens),
+            tokens_per_s=tps,
+            ttft_p99_ms=float(max(ttfts)) if ttfts else None,
+            gpu_mem_used_bytes=int(p.gpu_memory_bytes * 0.9),  # vLLM pre-allocates gpu_memory_utilization
+            gpu_mem_total_bytes=p.gpu_memory_bytes,
+        )
+
+    def live_gpu_ms(self, deployment: DeploymentId, now_ms: int) -> float:
+        return sum((now_ms - s.created_ms) * s.gpus for s in self.by_deployment[deployment].values())

@@ -1,0 +1,190 @@
+"""The discrete-event simulator: virtual time, seeded, byte-for-byte reproducible.
+
+One heap of events (request arrivals, completions, warm-ups, drain deadlines, failures, control
+ticks) ordered by ``(time, sequence)``. Every ``tick_ms`` the production :class:`ControlLoop` runs
+against the simulated fleet through the same ports it uses in production, with the in-process
+replicator. Randomness comes from ``random.Random`` instances seeded from the scenario seed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import structlog
+from prometheus_client import CollectorRegistry
+
+from controlplane.core.reconcile import ReconcileConfig
+from controlplane.domain import commands as c
+from controlplane.domain.ids import ClusterId, DeploymentId
+from controlplane.domain.instances import InstanceState, Transitioned
+from controlplane.domain.profiles import PROFILES
+from controlplane.domain.state import ControlState
+from controlplane.runtime.loop import ControlLoop
+from controlplane.runtime.replicator import LocalReplicator
+from controlplane.runtime.transitions import TransitionRecorder
+from controlplane.sim.cluster import COMPLETE, DRAIN_DEADLINE, WARM_DONE, SimFleet, SimRequest
+from controlplane.sim.metrics import Collector, SimResult
+from controlplane.sim.scenario import Scenario
+from controlplane.sim.workload import Request
+
+ARRIVAL, TICK, CLUSTER_DOWN, CLUSTER_UP = 10, 11, 12, 13
+DRAIN_TAIL_MS = 120_000
+"""Simulated time after the last arrival, so that queued requests finish or time out."""
+MAX_EVENTS = 50_000_000
+"""Safety bound on processed events."""
+
+
+@dataclass(frozen=True, slots=True)
+class Outage:
+    cluster: ClusterId
+    start_ms: int
+    end_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class WarmupFailures:
+    cluster: ClusterId
+    deployment: DeploymentId | None
+    probability: float
+    start_ms: int
+    end_ms: int
+
+
+class Simulation:
+    def __init__(
+        self,
+        scenario: Scenario,
+        workloads: dict[DeploymentId, Sequence[Request]],
+        *,
+        seed: int,
+        progress: Callable[[int, int], None] | None = None,
+        logger: object | None = None,
+    ) -> None:
+        self.scenario = scenario
+        self.seed = seed
+        self._progress = progress
+        spec = scenario.spec
+        self.tick_ms = spec.tick_ms
+        self._heap: list[tuple[float, int, int, object]] = []
+        self._seq = 0
+        self._outages = [
+            Outage(ClusterId(f.cluster), int(f.start_s * 1000), int(f.end_s * 1000))
+            for f in spec.failures if f.kind == "cluster_outage"
+        ]
+        self._warmup_failures = [
+            WarmupFailures(ClusterId(f.cluster), DeploymentId(f.deployment) if f.deployment else None,
+                           f.probability, int(f.start_s * 1000), int(f.end_s * 1000))
+            for f in spec.failures if f.kind == "warmup_failures"
+        ]
+        profiles = {d.id: PROFILES[d.model] for d in scenario.deployments}
+        self.collector = Collector(scenario, self.tick_ms)
+        self.fleet = SimFleet(
+            profiles, {d.id: d.gpus_per_instance for d in scenario.deployments}, self._schedule,
+            random.Random(f"{seed}:fleet"), self._failure_probability, self.collector.request_done,
+        )
+        self.registry = CollectorRegistry()
+        self.recorder = TransitionRecorder(self.registry, logger or structlog.get_logger("controlplane.sim"))
+        self.state = ControlState()
+        self.replicator = LocalReplicator(self.state, self._on_transitions)
+        self.loop = ControlLoop(
+            self.replicator, self.fleet, _Source(self.fleet, self.tick_ms), rng=random.Random(f"{seed}:control"),
+            config=ReconcileConfig(preemption_grace_ms=spec.preemption_grace_ms),
+        )
+        self._bootstrap(scenario)
+        self._requests = self._load(workloads)
+        last = max((r.arrival_ms for r in self._requests), default=0)
+        self.end_ms = int(spec.duration_s * 1000) if spec.duration_s else last + DRAIN_TAIL_MS
+
+    def _bootstrap(self, scenario: Scenario) -> None:
+        cmds: list[c.Command] = [c.PutCluster(cl) for cl in scenario.clusters]
+        cmds += [c.PutTenant(t) for t in scenario.tenants]
+        cmds += [c.PutDeployment(d) for d in scenario.deployments]
+        result = self.replicator.commit(cmds, 0)
+        if not result.ok:
+            errors = "; ".join(r.error for r in result.results if not r.ok)
+            raise ValueError(f"scenario rejected by the state machine: {errors}")
+
+    def _load(self, workloads: dict[DeploymentId, Sequence[Request]]) -> list[SimRequest]:
+        reqs: list[SimRequest] = []
+        for dep_id in sorted(workloads):
+            for r in workloads[dep_id]:
+                reqs.append(SimRequest(0, dep_id, r.arrival_ms, r.prompt_tokens, r.output_tokens))
+        reqs.sort(key=lambda r: (r.arrival_ms, r.deployment))
+        for rid, r in enumerate(reqs):
+            r.rid = rid
+        return reqs
+
+    def _schedule(self, at_ms: float, kind: int, payload: object) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (at_ms, self._seq, kind, payload))
+
+    def _failure_probability(self, cluster: ClusterId, deployment: DeploymentId, now_ms: int) -> float:
+        p = 0.0
+        for f in self._warmup_failures:
+            if f.cluster == cluster and f.deployment in (None, deployment) and f.start_ms <= now_ms < f.end_ms:
+                p = max(p, f.probability)
+        return p
+
+    def _on_transitions(self, records: Sequence[Transitioned]) -> None:
+        self.recorder.record(records)
+        for rec in records:
+            inst = self.state.instances.get(rec.instance_id)
+            preempted = inst is not None and inst.preempted and rec.to_state is InstanceState.DRAINING
+            self.collector.transition(rec, inst.deployment if inst else None, preempted)
+
+    def run(self) -> SimResult:
+        for r in self._requests:
+            self._schedule(r.arrival_ms, ARRIVAL, r)
+        for o in self._outages:
+            self._schedule(o.start_ms, CLUSTER_DOWN, o.cluster)
+            self._schedule(o.end_ms, CLUSTER_UP, o.cluster)
+        self._schedule(0, TICK, None)
+        handlers = {
+            ARRIVAL: lambda p, now: self.fleet.arrive(p, now),
+            COMPLETE: self.fleet.on_complete,
+            WARM_DONE: self.fleet.on_warm_done,
+            DRAIN_DEADLINE: self.fleet.on_drain_deadline,
+            CLUSTER_DOWN: self.fleet.cluster_down,
+            CLUSTER_UP: lambda p, now: self.fleet.cluster_up(p),
+            TICK: lambda p, now: self._tick(now),
+        }
+        processed = 0
+        while self._heap and processed < MAX_EVENTS:
+            at, _, kind, payload = heapq.heappop(self._heap)
+            now = int(at)
+            if now > self.end_ms:
+                break
+            processed += 1
+            if kind == ARRIVAL:
+                self.collector.arrival(payload, now)
+            handlers[kind](payload, now)
+        return self.collector.finish(self.end_ms, self.fleet, self.state, self.loop, self.seed, processed)
+
+    def _tick(self, now_ms: int) -> None:
+        for d in self.scenario.deployments:
+            slo = self.state.tenants[d.tenant].slo
+            self.fleet.drop_expired(d.id, slo.max_queue_ms, now_ms)
+        self.loop.tick(now_ms)
+        for d in self.scenario.deployments:
+            self.fleet.dispatch_gateway(d.id, now_ms)
+        self.collector.tick(now_ms, self.state, self.fleet)
+        if self._progress is not None and (now_ms // self.tick_ms) % 400 == 0:
+            self._progress(now_ms, self.end_ms)
+        if now_ms + self.tick_ms <= self.end_ms:
+            self._schedule(now_ms + self.tick_ms, TICK, None)
+
+
+class _Source:
+    """The fleet as an ObservationSource with the sample interval of the scenario."""
+
+    def __init__(self, fleet: SimFleet, interval_ms: int) -> None:
+        self._fleet = fleet
+        self._interval_ms = interval_ms
+
+    def gather(self, now_ms: int):
+        return self._fleet.gather(now_ms, self._interval_ms)
+
+
