@@ -323,10 +323,11 @@ def _newest_first(instances: Iterable[Instance]) -> list[Instance]:
 def _sleep_surplus(
     tick: _Tick, live: Sequence[Instance], removed: set[InstanceId], grant: int, deficit: int, loads: Mapping[InstanceId, float]
 ) -> int:
-    """Put idle Ready instances beyond ``grant`` to sleep while the warm pool has room."""
+    """Put the least loaded serving instances beyond ``grant`` to sleep while the warm pool has
+    room (a Busy one finishes its in-flight requests first)."""
     serving = [i for i in live if i.state.serving and i.id not in removed]
     surplus = len(serving) - grant
-    idle = sorted((i for i in serving if i.state is S.READY), key=lambda i: (loads.get(i.id, 0.0), -i.created_ms, i.id))
+    idle = sorted(serving, key=lambda i: (i.state is not S.READY, loads.get(i.id, 0.0), -i.created_ms, i.id))
     chosen = idle[: max(0, min(deficit, surplus))]
     for i in chosen:
         tick.commands.append(c.TransitionInstance(i.id, E.SLEEP, tick.now_ms))

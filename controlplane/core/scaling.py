@@ -10,18 +10,25 @@ deployment is sized for whichever resource runs out first; ``proposals`` holds t
 
     concurrency   concurrency / target_concurrency
     kv_usage      kv_total / target_kv_usage          kv_total = serving x mean KV fraction
-    tokens_per_s  tokens_per_s / (capacity x target_token_utilization)
+    tokens        (prompt_tps / prefill_tps + generation_tps / capacity) / target_token_utilization
     ttft_p99_ms   min(serving x (1 + w x (ttft/slo - 1)), 2 x serving)   only when ttft > slo,
-                  serving > 0 and w = ttft_slo_weight > 0
+                  0 < serving >= current and w = ttft_slo_weight > 0
 
-``capacity`` (:func:`instance_token_capacity`) is the profile's decode throughput at the engine's
-batch limit ``max_num_seqs`` (llama3-8b-h100: 256 sequences at a 33.8 ms step = 7,580 tokens/s).
-At the default 60 % target that is ~4,550 tokens/s, the rate of a ~60-sequence batch whose step
-time is ~1.9x the batch-1 step: a moderate operating point. TTFT is a *feedback* signal (it falls
-once capacity arrives), so it must be over the SLO both persistently and now: the decision uses
-``min(stable, panic-window)`` TTFT, which keeps a stale window mean from compounding scale-ups once
-the new replicas serve. The ``kv_usage`` signal is filtered as a total for the same reason (see
+``tokens`` is work, not a raw rate: prompt tokens and generated tokens cost very different GPU time,
+so each rate (vLLM's ``prompt_tokens`` and ``generation_tokens`` counters) is divided by what one
+instance sustains for it, giving the number of fully busy instances. ``prefill_tps`` is the
+profile's prefill throughput; ``capacity`` (:func:`instance_token_capacity`) its decode throughput
+at the batch limit ``max_num_seqs`` (llama3-8b-h100: 256 sequences at a 33.8 ms step = 7,580
+tokens/s). TTFT is a *feedback* signal (it falls once capacity arrives), so it must be over the SLO
+both persistently and now: the decision uses ``min(stable, panic-window)`` TTFT, which keeps a stale
+window mean from compounding scale-ups once the new replicas serve; and it proposes nothing while
+capacity is still on its way (fewer serving replicas than ``current``): requests that queued during
+a cold start report long TTFTs after the new replicas already serve them, and acting on those would
+overshoot (the HPA's rule for unready pods, applied to TTFT). The ``kv_usage`` signal is filtered as a total for the same reason (see
 ``signals``).
+
+The tolerance band compares the *unrounded* stable demand with ``current`` (as the HPA compares
+its usage ratio); ``ceil`` allows 1e-9 of float slack (10.000000001 replicas is 10).
 
 **Pipeline** (each stage may change the target; ``reason`` names the last stage that did)::
 
@@ -29,6 +36,7 @@ the new replicas serve. The ``kv_usage`` signal is filtered as a total for the s
                  panic (see below)                 -> max(ceil stable, ceil panic, panic_peak,
                                                           current): never down      PANIC
                  demand/current in [1-tol, 1+tol]  -> current                       WITHIN_TOLERANCE
+                 (or ceil(demand) == current)
                  otherwise                         -> ceil(stable demand)           SCALE_UP/DOWN
     2. stabilize a scale-down goes only to the highest recommendation of the last
                  scale_down_stabilization_ms (HPA behaviour); scale-up is never delayed STABILIZED
@@ -36,8 +44,9 @@ the new replicas serve. The ``kv_usage`` signal is filtered as a total for the s
     4. step      at most +max_step_up / -max_step_down per decision                STEP_LIMITED
     5. clamp     [min_replicas, max_replicas], a hard bound that overrides 2-4     AT_MIN/AT_MAX
 
-**Panic** (bursts). Two panic demands are computed from concurrency, kv and tokens (TTFT is
-excluded: it lags and feeds back): one on the panic-window means, one on the latest tick's sample.
+**Panic** (bursts). Two panic demands are computed (TTFT is excluded: it lags and feeds back): one
+from concurrency, kv and tokens on the panic-window means, one from the *level* signals
+(:data:`LEVEL_SIGNALS`: concurrency and kv) in the latest tick's sample.
 Panic is entered, or extended to ``now + panic_hold_ms``, on every tick where the larger of the two
 is ``>= panic_threshold x max(current, 1)`` (an *over* tick); it ends when ``memory.panic_until_ms``
 passes without one. On an over tick the panic target uses the larger demand, so a step burst is
@@ -83,10 +92,6 @@ REC_BUCKET_MS = 1_000
 _EPS = 1e-9
 """Rounding slack: a demand of 10.000000001 replicas (float noise) is 10, not 11."""
 
-DEMAND_SIGNALS = ("concurrency", "kv_usage", "tokens_per_s")
-"""Signals that can trigger and drive panic (TTFT cannot: it is a lagging feedback signal)."""
-
-
 class ScaleReason(enum.Enum):
     NO_DATA = "no_data"
     WITHIN_TOLERANCE = "within_tolerance"
@@ -120,6 +125,21 @@ class ScaleDecision:
 
 
 @dataclass(frozen=True, slots=True)
+class _Panic:
+    """The panic state of this tick."""
+
+    active: bool
+    over: bool
+    """This tick's panic demand crossed the threshold (entering or extending the panic)."""
+    until_ms: int
+    """``memory.panic_until_ms`` to store: 0 when not in panic."""
+    peak: int
+    """Highest target of the current panic before this tick (0 when it starts now)."""
+    demand: float
+    """The panic demand that drives the target this tick."""
+
+
+@dataclass(frozen=True, slots=True)
 class _Stage:
     """The target as it moves through the pipeline, with the stage that last set it."""
 
@@ -144,10 +164,18 @@ def demand(policy: ScalingPolicy, profile: ModelProfile | None, values: Mapping[
         out["concurrency"] = max(0.0, values["concurrency"]) / policy.target_concurrency
     if "kv_usage" in values:
         out["kv_usage"] = max(0.0, values["kv_usage"]) / policy.target_kv_usage
-    if "tokens_per_s" in values and profile is not None:
-        capacity = instance_token_capacity(profile) * policy.target_token_utilization
-        out["tokens_per_s"] = max(0.0, values["tokens_per_s"]) / capacity
+    if profile is not None and ("prompt_tokens_per_s" in values or "generation_tokens_per_s" in values):
+        # Busy instances: prefill time plus decode time needed per second of wall time.
+        busy = max(0.0, values.get("prompt_tokens_per_s", 0.0)) / profile.prefill_tokens_per_s
+        busy += max(0.0, values.get("generation_tokens_per_s", 0.0)) / instance_token_capacity(profile)
+        out["tokens"] = busy / policy.target_token_utilization
     return out
+
+
+LEVEL_SIGNALS = ("concurrency", "kv_usage")
+"""Signals that are levels (requests in the system, KV blocks held), not rates. Only these may
+trigger panic from a single sample: a 250 ms token rate is dominated by arrival noise (a few long
+prompts landing in one interval), a level is not."""
 
 
 def ttft_demand(policy: ScalingPolicy, slo: Slo, ttft_p99_ms: float | None, serving: int) -> float | None:
@@ -161,12 +189,12 @@ def ttft_demand(policy: ScalingPolicy, slo: Slo, ttft_p99_ms: float | None, serv
 
 
 def _stable_demand(
-    policy: ScalingPolicy, profile: ModelProfile | None, slo: Slo, signals: FilteredSignals
+    policy: ScalingPolicy, profile: ModelProfile | None, slo: Slo, signals: FilteredSignals, current: int
 ) -> dict[str, float]:
     out = demand(policy, profile, signals.stable)
     stable_ttft, fresh_ttft = signals.stable.get("ttft_p99_ms"), signals.panic.get("ttft_p99_ms")
     ttft = None if stable_ttft is None or fresh_ttft is None else min(stable_ttft, fresh_ttft)
-    t = ttft_demand(policy, slo, ttft, signals.serving)
+    t = ttft_demand(policy, slo, ttft, signals.serving) if signals.serving >= current else None
     if t is not None:
         out["ttft_p99_ms"] = t
     return out
@@ -177,20 +205,30 @@ def _panic_demand(
 ) -> tuple[float, float]:
     """(largest demand on the panic-window means, largest demand on the latest samples)."""
     window = demand(policy, profile, signals.panic)
-    latest = demand(policy, profile, signals.latest)
+    latest = demand(policy, profile, {k: v for k, v in signals.latest.items() if k in LEVEL_SIGNALS})
     return max(window.values(), default=0.0), max(latest.values(), default=0.0)
 
 
 def _panic_state(
-    policy: ScalingPolicy, memory: ScaleMemory, panic_demand: float, current: int, now_ms: int
-) -> tuple[bool, bool, int]:
-    """(in panic, over the threshold this tick, panic_until_ms)."""
-    over = panic_demand >= policy.panic_threshold * max(current, 1)
+    policy: ScalingPolicy,
+    profile: ModelProfile | None,
+    signals: FilteredSignals,
+    memory: ScaleMemory,
+    current: int,
+    now_ms: int,
+) -> _Panic:
+    window, latest = _panic_demand(policy, profile, signals)
+    over = max(window, latest) >= policy.panic_threshold * max(current, 1)
+    ongoing = memory.panic_until_ms != 0 and now_ms < memory.panic_until_ms
+    peak = memory.panic_peak if ongoing else 0
     if over:
-        return True, True, now_ms + policy.panic_hold_ms
-    if memory.panic_until_ms and now_ms < memory.panic_until_ms:
-        return True, False, memory.panic_until_ms
-    return False, False, 0
+        # The latest sample drives the target only on a tick that crosses the threshold (to follow
+        # a burst at once); while the panic merely holds, the panic-window mean does, so the peak
+        # does not ratchet up to the noisiest single sample of the hold.
+        return _Panic(True, True, now_ms + policy.panic_hold_ms, peak, max(window, latest))
+    if ongoing:
+        return _Panic(True, False, memory.panic_until_ms, peak, window)
+    return _Panic(False, False, 0, 0, window)
 
 
 def _recommend(policy: ScalingPolicy, stable: float, current: int) -> tuple[int, ScaleReason, str]:
@@ -232,22 +270,20 @@ def push_rec(
 
 def _base(
     policy: ScalingPolicy,
-    memory: ScaleMemory,
     current: int,
     stable: float,
     recommended: tuple[int, ScaleReason, str],
-    panic: tuple[bool, float, int],
+    panic: _Panic,
 ) -> _Stage:
-    in_panic, panic_demand, until = panic
     rec, reason, note = recommended
-    if current <= 0 and (stable > 0 or panic_demand > 0):
-        target = max(1, _ceil(stable), _ceil(panic_demand))
-        return _Stage(target, ScaleReason.SCALE_FROM_ZERO, (f"demand {max(stable, panic_demand):.2f} at 0 replicas",))
-    if in_panic:
-        target = max(_ceil(stable), _ceil(panic_demand), memory.panic_peak, current)
+    if current <= 0 and (stable > 0 or panic.demand > 0):
+        target = max(1, _ceil(stable), _ceil(panic.demand))
+        return _Stage(target, ScaleReason.SCALE_FROM_ZERO, (f"demand {max(stable, panic.demand):.2f} at 0 replicas",))
+    if panic.active:
+        target = max(_ceil(stable), _ceil(panic.demand), panic.peak, current)
         return _Stage(target, ScaleReason.PANIC, (
-            f"panic until t={until}ms (threshold {policy.panic_threshold}x of {max(current, 1)}): "
-            f"max(stable {_ceil(stable)}, panic {_ceil(panic_demand)}, peak {memory.panic_peak}, "
+            f"panic until t={panic.until_ms}ms (threshold {policy.panic_threshold}x of {max(current, 1)}): "
+            f"max(stable {_ceil(stable)}, panic {_ceil(panic.demand)}, peak {panic.peak}, "
             f"current {current}) = {target}",
         ))
     return _Stage(rec, reason, (note,))
@@ -324,17 +360,12 @@ def decide(
     if signals is None or "concurrency" not in signals.stable:
         return _no_data(deployment, memory, current)
     policy = deployment.policy
-    proposals = _stable_demand(policy, profile, slo, signals)
+    proposals = _stable_demand(policy, profile, slo, signals, current)
     stable = max(proposals.values())
-    window_demand, latest_demand = _panic_demand(policy, profile, signals)
-    in_panic, over, until = _panic_state(policy, memory, max(window_demand, latest_demand), current, now_ms)
-    # The latest sample drives the target only on a tick that crosses the threshold (to follow a
-    # burst at once); while the panic merely holds, the panic-window mean does, so the peak does
-    # not ratchet up to the noisiest single sample of the hold.
-    panic_demand = max(window_demand, latest_demand) if over else window_demand
+    panic = _panic_state(policy, profile, signals, memory, current, now_ms)
     recommended = _recommend(policy, stable, current)
     recs = push_rec(memory.recs, recommended[0], now_ms, policy.scale_down_stabilization_ms)
-    stage = _base(policy, memory, current, stable, recommended, (in_panic, panic_demand, until))
+    stage = _base(policy, current, stable, recommended, panic)
     stage = _stabilize(policy, stage, recs, current)
     stage = _cooldown(policy, stage, memory, current, now_ms)
     stage = _step(policy, stage, current)
@@ -342,15 +373,15 @@ def decide(
     target = stage.target
     next_memory = ScaleMemory(
         recs=recs,
-        panic_until_ms=until,
-        panic_peak=max(memory.panic_peak, target) if in_panic else 0,
+        panic_until_ms=panic.until_ms,
+        panic_peak=max(panic.peak, target) if panic.active else 0,
         last_scale_up_ms=now_ms if target > current else memory.last_scale_up_ms,
         last_scale_down_ms=now_ms if target < current else memory.last_scale_down_ms,
     )
     asked = ", ".join(f"{name} {value:.2f}" for name, value in proposals.items())
     message = (
         f"{'; '.join(stage.notes)}; target {current} -> {target}; demand by signal: {asked}; "
-        f"panic demand {panic_demand:.2f}{' (over threshold)' if over else ''}"
+        f"panic demand {panic.demand:.2f}{' (over threshold)' if panic.over else ''}"
     )
     return ScaleDecision(
         target=target,
@@ -359,5 +390,5 @@ def decide(
         reason=stage.reason,
         message=message,
         proposals={name: _ceil(value) for name, value in proposals.items()},
-        panic=in_panic,
+        panic=panic.active,
     )

@@ -2,7 +2,7 @@
 
 Every deployment's load is sampled once per tick as a :class:`DeploymentSignals` (see
 :func:`aggregate`) and fed into a :class:`SignalMemory`: one :class:`WindowFilter` per name in
-:data:`SIGNALS`. All four are *demand* signals: a higher value never asks for fewer replicas.
+:data:`SIGNALS`. All five are *demand* signals: a higher value never asks for fewer replicas.
 
 ``concurrency``
     running + waiting requests, the gateway's queue included (a deployment total).
@@ -12,8 +12,11 @@ Every deployment's load is sampled once per tick as a :class:`DeploymentSignals`
     mean taken while the serving count changed (5 instances at 0.9 for 20 s, then 10 at 0.45)
     multiplied by today's serving count would count the same KV twice and scale up on a filter
     artefact. ``total / serving`` gives the mean back.
-``tokens_per_s``
-    prompt + generated tokens per second, summed over the deployment.
+``prompt_tokens_per_s``, ``generation_tokens_per_s``
+    prompt tokens prefilled and tokens generated per second, summed over the deployment (vLLM's
+    ``prompt_tokens`` and ``generation_tokens`` counters as rates). They are kept apart because a
+    prompt token costs a small fraction of a generated token's GPU time; the scaling decision
+    weighs each against the profile's own throughput.
 ``ttft_p99_ms``
     an upper bound of the deployment's TTFT p99 (see :func:`aggregate`); fed only when some
     request started in the interval (``None`` samples are skipped, not counted as 0).
@@ -66,7 +69,9 @@ from dataclasses import dataclass, field
 from controlplane.domain.observations import DeploymentSignals, InstanceSample
 from controlplane.domain.tenants import ScalingPolicy
 
-SIGNALS: tuple[str, ...] = ("concurrency", "kv_usage", "tokens_per_s", "ttft_p99_ms")
+SIGNALS: tuple[str, ...] = (
+    "concurrency", "kv_usage", "prompt_tokens_per_s", "generation_tokens_per_s", "ttft_p99_ms"
+)
 """Filtered signal names, in the order of :attr:`SignalMemory.filters`."""
 
 BUCKET_MS = 250
@@ -202,7 +207,8 @@ def sample_values(sig: DeploymentSignals) -> dict[str, float | None]:
     return {
         "concurrency": float(sig.running + sig.waiting),
         "kv_usage": sig.kv_usage * sig.serving,
-        "tokens_per_s": sig.tokens_per_s,
+        "prompt_tokens_per_s": sig.prompt_tokens_per_s,
+        "generation_tokens_per_s": sig.generation_tokens_per_s,
         "ttft_p99_ms": sig.ttft_p99_ms,
     }
 
@@ -259,7 +265,7 @@ def aggregate(
 
     * running, waiting: sums (waiting includes ``gateway_waiting``).
     * kv_usage: mean over the samples (0 when none), each clamped to [0, 1].
-    * tokens_per_s: sum.
+    * prompt_tokens_per_s, generation_tokens_per_s: sums.
     * ttft_p99_ms: the **maximum** of the instances' p99s. The deployment's true p99 cannot be
       computed from per-instance p99s, but it cannot exceed their maximum (at most 1 % of each
       instance's requests lie above its own p99, so at most 1 % of all lie above the largest), so
@@ -277,7 +283,10 @@ def aggregate(
         running=sum(max(0, s.running) for s in samples),
         waiting=sum(max(0, s.waiting) for s in samples) + max(0, gateway_waiting),
         kv_usage=math.fsum(kv) / len(kv) if kv else 0.0,
-        tokens_per_s=math.fsum(s.tokens_per_s for s in samples if _usable(s.tokens_per_s)),
+        prompt_tokens_per_s=math.fsum(s.prompt_tokens_per_s for s in samples if _usable(s.prompt_tokens_per_s)),
+        generation_tokens_per_s=math.fsum(
+            s.generation_tokens_per_s for s in samples if _usable(s.generation_tokens_per_s)
+        ),
         ttft_p99_ms=max(ttfts) if ttfts else None,
         gpu_mem_frac=max(mem) if mem else 0.0,
     )

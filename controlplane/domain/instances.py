@@ -4,7 +4,7 @@
 
     Pending --start_warmup--> Warming --warmed--> Ready <--work/idle--> Busy
        |                         |                  |                    |
-       | cancel                  | warmup_failed    | sleep              | drain
+       | cancel                  | warmup_failed    | sleep              | drain, sleep
        v                         v                  v                    v
     Terminated                 Failed            Standby --wake--> Warming
                                                     | drain
@@ -85,6 +85,7 @@ TRANSITIONS: dict[tuple[InstanceState, InstanceEvent], InstanceState] = {
     (S.READY, E.WORK): S.BUSY,
     (S.BUSY, E.IDLE): S.READY,
     (S.READY, E.SLEEP): S.STANDBY,
+    (S.BUSY, E.SLEEP): S.STANDBY,  # the adapter stops routing, lets in-flight requests finish, then sleeps
     (S.STANDBY, E.WAKE): S.WARMING,
     (S.READY, E.DRAIN): S.DRAINING,
     (S.BUSY, E.DRAIN): S.DRAINING,

@@ -25,8 +25,10 @@ class InstanceSample:
     """Requests queued in the engine (not yet scheduled)."""
     kv_usage: float
     """KV-cache usage fraction, 0..1."""
-    tokens_per_s: float
-    """Prompt + generated tokens processed per second over the last sample interval."""
+    prompt_tokens_per_s: float
+    """Prompt tokens prefilled per second over the last sample interval (``vllm:prompt_tokens``)."""
+    generation_tokens_per_s: float
+    """Tokens generated per second over the last sample interval (``vllm:generation_tokens``)."""
     ttft_p99_ms: float | None = None
     """p99 of time to first token over the last sample interval; None when no request started."""
     gpu_mem_used_bytes: int = 0
@@ -46,7 +48,8 @@ class DeploymentSignals:
     """Requests queued in engines plus requests held at the gateway waiting for any instance."""
     kv_usage: float
     """Mean KV-cache usage fraction over serving instances (0 when none)."""
-    tokens_per_s: float
+    prompt_tokens_per_s: float
+    generation_tokens_per_s: float
     ttft_p99_ms: float | None
     gpu_mem_frac: float = 0.0
     """Highest GPU memory fraction among serving instances (NVML), for headroom checks."""

@@ -23,7 +23,7 @@ from controlplane.domain.errors import (
     NotFound,
     ValidationError,
 )
-from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId, PoolId, TenantId
+from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId, PoolId, TenantId, id_problem
 from controlplane.domain.instances import (
     InitMethod,
     Instance,
@@ -98,6 +98,8 @@ def apply(state: ControlState, command: c.Command) -> ApplyResult:
 
 
 def _apply_batch(state: ControlState, batch: c.Batch) -> ApplyResult:
+    if not isinstance(batch.commands, (tuple, list)):
+        return ApplyResult(False, f"malformed batch: commands must be a tuple, got {type(batch.commands).__name__}")
     if len(batch.commands) > MAX_BATCH:
         return ApplyResult(False, f"batch: {len(batch.commands)} commands exceed the limit of {MAX_BATCH}")
     results = []
@@ -204,6 +206,9 @@ def _put_memory(state: ControlState, cmd: c.PutScaleMemory) -> ApplyResult:
 
 
 def _create_instance(state: ControlState, cmd: c.CreateInstance) -> ApplyResult:
+    problem = id_problem(cmd.instance_id)  # it becomes a pod name, and a key that snapshot() sorts
+    if problem:
+        raise ValidationError("instance_id", problem)
     if cmd.instance_id in state.instances:
         raise AlreadyExists("instance", cmd.instance_id)
     d = state.deployments.get(cmd.deployment_id)
@@ -255,8 +260,8 @@ def _transition_instance(state: ControlState, cmd: c.TransitionInstance) -> Appl
 
 
 def _put_breaker(state: ControlState, cmd: c.PutBreaker) -> ApplyResult:
-    if not cmd.key:
-        raise ValidationError("key", "must not be empty")
+    if not isinstance(cmd.key, str) or not cmd.key:
+        raise ValidationError("key", f"must be a non-empty string, got {cmd.key!r}")
     state.breakers[cmd.key] = cmd.record
     return OK
 

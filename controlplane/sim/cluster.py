@@ -116,6 +116,13 @@ class SimFleet:
             del self._seen[next(iter(self._seen))]
         getattr(self, f"_do_{cmd.action}")(cmd, now_ms)
 
+    def preprovision(self, inst, now_ms: int) -> None:
+        """An instance that is already serving when the simulation starts."""
+        sim = SimInstance(inst.id, inst.deployment, inst.cluster, self._profiles[inst.deployment], inst.gpus, now_ms)
+        sim.phase = "serving"
+        self.instances[sim.id] = sim
+        self.by_deployment[sim.deployment][sim.id] = sim
+
     def _do_create(self, cmd: AdapterCommand, now_ms: int) -> None:
         inst = cmd.instance
         sim = SimInstance(inst.id, inst.deployment, inst.cluster, self._profiles[inst.deployment], inst.gpus, now_ms)
@@ -291,7 +298,7 @@ class SimFleet:
             ttfts.append(sim.first_tokens.popleft()[1])
         waiting_prefill = len(sim.first_tokens)  # admitted, first token still to come
         decoding = max(0, len(sim.running) - waiting_prefill)
-        tps = sim.prompt_tokens_since_sample * 1000.0 / interval_ms + (p.decode_tokens_per_s(decoding) if decoding else 0.0)
+        prompt_tps = sim.prompt_tokens_since_sample * 1000.0 / interval_ms
         sim.prompt_tokens_since_sample = 0
         return InstanceSample(
             instance_id=sim.id,
@@ -300,7 +307,8 @@ class SimFleet:
             running=decoding,
             waiting=len(sim.queue) + waiting_prefill,
             kv_usage=min(1.0, sim.kv_used / p.kv_capacity_tokens),
-            tokens_per_s=tps,
+            prompt_tokens_per_s=prompt_tps,
+            generation_tokens_per_s=p.decode_tokens_per_s(decoding) if decoding else 0.0,
             ttft_p99_ms=float(max(ttfts)) if ttfts else None,
             gpu_mem_used_bytes=int(p.gpu_memory_bytes * 0.9),  # vLLM pre-allocates gpu_memory_utilization
             gpu_mem_total_bytes=p.gpu_memory_bytes,

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 import structlog
 from prometheus_client import CollectorRegistry
 
+from controlplane.core import placement
 from controlplane.core.reconcile import ReconcileConfig
 from controlplane.domain import commands as c
-from controlplane.domain.ids import ClusterId, DeploymentId
-from controlplane.domain.instances import InstanceState, Transitioned
+from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId
+from controlplane.domain.instances import InstanceEvent, InstanceState, Transitioned
 from controlplane.domain.profiles import PROFILES
 from controlplane.domain.state import ControlState
 from controlplane.runtime.loop import ControlLoop
@@ -27,7 +28,7 @@ from controlplane.runtime.replicator import LocalReplicator
 from controlplane.runtime.transitions import TransitionRecorder
 from controlplane.sim.cluster import COMPLETE, DRAIN_DEADLINE, WARM_DONE, SimFleet, SimRequest
 from controlplane.sim.metrics import Collector, SimResult
-from controlplane.sim.scenario import Scenario
+from controlplane.sim.scenario import Scenario, ScenarioError
 from controlplane.sim.workload import Request
 
 ARRIVAL, TICK, CLUSTER_DOWN, CLUSTER_UP = 10, 11, 12, 13
@@ -102,10 +103,32 @@ class Simulation:
         cmds: list[c.Command] = [c.PutCluster(cl) for cl in scenario.clusters]
         cmds += [c.PutTenant(t) for t in scenario.tenants]
         cmds += [c.PutDeployment(d) for d in scenario.deployments]
+        self._commit_or_fail(cmds)
+        if scenario.spec.start == "warm":
+            self._preprovision(scenario)
+
+    def _commit_or_fail(self, cmds: list[c.Command]) -> None:
         result = self.replicator.commit(cmds, 0)
         if not result.ok:
             errors = "; ".join(r.error for r in result.results if not r.ok)
-            raise ValueError(f"scenario rejected by the state machine: {errors}")
+            raise ScenarioError(f"scenario rejected by the state machine: {errors}")
+
+    def _preprovision(self, scenario: Scenario) -> None:
+        """``start: warm``: each deployment begins with ``min_replicas`` instances already serving,
+        as a fleet that has been running for a while would (placed by the production placement)."""
+        clusters = [self.state.clusters[k] for k in sorted(self.state.clusters)]
+        for d in scenario.deployments:
+            free = {cl.id: self.state.free_gpus(cl.id, d.pool) for cl in clusters}
+            existing = list(self.state.instances_of(d.id))
+            chosen = placement.place(d, d.min_replicas, clusters, free, existing, ()).clusters
+            cmds: list[c.Command] = [c.SetDesired(d.id, d.min_replicas, 0, "initial fleet", 0)]
+            for k, cid in enumerate(chosen):
+                iid = InstanceId(f"{d.id[:40]}-init-{k}")
+                cmds += [c.CreateInstance(iid, d.id, cid, 0), c.TransitionInstance(iid, InstanceEvent.START_WARMUP, 0),
+                         c.TransitionInstance(iid, InstanceEvent.WARMED, 0)]
+            self._commit_or_fail(cmds)
+            for k in range(len(chosen)):
+                self.fleet.preprovision(self.state.instances[InstanceId(f"{d.id[:40]}-init-{k}")], 0)
 
     def _load(self, workloads: dict[DeploymentId, Sequence[Request]]) -> list[SimRequest]:
         reqs: list[SimRequest] = []

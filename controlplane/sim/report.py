@@ -39,7 +39,8 @@ def _fmt(v: object) -> str:
 
 
 def render_table(result: SimResult, console: Console | None = None) -> None:
-    console = console or Console()
+    # Off a terminal (a pipe, CI) rich assumes 80 columns; the table needs more.
+    console = console or Console(width=None if sys.stdout.isatty() else 150)
     s = result.summary
     table = Table(title=f"{s.get('scenario', 'simulation')}: {s['simulated_s']:,.0f} s simulated, seed {s['seed']}")
     for col in ("scope", "requests", "dropped", "SLO att.", "TTFT p50 ms", "p99 ms", "p99.9 ms",

@@ -115,6 +115,8 @@ class ScenarioSpec(_Strict):
     sample_interval_ms: int = Field(250, ge=10, le=60_000)
     duration_s: float | None = Field(None, gt=0, le=30 * 86_400)
     preemption_grace_ms: int = Field(30_000, ge=0)
+    start: Literal["warm", "cold"] = "warm"
+    """warm: each deployment starts with min_replicas instances serving; cold: with none."""
     clusters: list[ClusterSpec] = Field(min_length=1)
     tenants: list[TenantSpec] = Field(min_length=1)
     deployments: list[DeploymentSpec] = Field(min_length=1)

@@ -398,6 +398,8 @@ def test_different_seeds_give_different_schedules() -> None:
         (4, 100, 1_000, 1_000),
         (10**9, 100, 1_000, 1_000),
         (2**200, 1, 1, 1),
+        (70, 1, 2**100, 2**70),  # a cap beyond 64 bits still doubles exactly
+        (2**200, 3, 2**300, 2**300),
         (5, 0, 0, 0),
         (5, 0, 7, 0),
         (0, 7, 7, 7),
@@ -444,7 +446,8 @@ attempts = st.one_of(st.integers(0, 80), st.integers(0, 10**6), st.integers(0, 2
 @given(attempts, st.integers(0, 10**7), st.integers(0, 10**7), st.integers(0, 2**32))
 def test_property_backoff_within_bounds(attempt: int, a: int, b: int, seed: int) -> None:
     base, cap = min(a, b), max(a, b)
-    naive = cap if attempt > 64 and base > 0 else min(cap, base * 2**attempt)
+    # cap < 2**24 here, so from attempt 64 on any base >= 1 is past the cap
+    naive = 0 if base == 0 else cap if attempt > 64 else min(cap, base * 2**attempt)
     got = backoff_ms(attempt, base, cap, random.Random(seed))
     assert naive // 2 <= got <= naive <= cap
     assert ceiling_ms(attempt, base, cap) == naive

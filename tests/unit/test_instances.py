@@ -74,6 +74,7 @@ def test_expected_table() -> None:
         (S.READY, E.WORK): S.BUSY,
         (S.BUSY, E.IDLE): S.READY,
         (S.READY, E.SLEEP): S.STANDBY,
+        (S.BUSY, E.SLEEP): S.STANDBY,
         (S.STANDBY, E.WAKE): S.WARMING,
         (S.READY, E.DRAIN): S.DRAINING,
         (S.BUSY, E.DRAIN): S.DRAINING,

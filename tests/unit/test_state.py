@@ -410,7 +410,7 @@ def test_put_breaker() -> None:
     rec = BreakerRecord(BreakerPhase.OPEN, failures=3, trips=1, open_until_ms=9_000)
     ok(state, c.PutBreaker("cluster/c1", rec))
     assert state.breakers["cluster/c1"] == rec
-    rejected(state, c.PutBreaker("", rec), "key: must not be empty")
+    rejected(state, c.PutBreaker("", rec), "key: must be a non-empty string")
     rejected(state, c.PutBreaker(5, rec), "key")  # type: ignore[arg-type]
 
 
@@ -534,6 +534,14 @@ def base_commands(fixed_capacity: bool) -> st.SearchStrategy[c.Command]:
     )
 
 
+BASE_COMMANDS = {fixed: base_commands(fixed) for fixed in (True, False)}
+BATCHES = {
+    fixed: st.lists(st.one_of(base, st.builds(lambda x: c.Batch((x,)), base)), max_size=4).map(
+        lambda members: c.Batch(tuple(members)))
+    for fixed, base in BASE_COMMANDS.items()
+}
+
+
 def draw_command(data: st.DataObject, state: ControlState, fixed_capacity: bool) -> c.Command:
     kind = data.draw(st.integers(0, 9))
     if kind < 3 and state.instances:
@@ -542,10 +550,8 @@ def draw_command(data: st.DataObject, state: ControlState, fixed_capacity: bool)
         legal = sorted((e for (s, e) in TRANSITIONS if s is state.instances[iid].state), key=lambda e: e.value)
         return c.TransitionInstance(iid, data.draw(st.sampled_from(legal)), data.draw(times))
     if kind == 3:
-        base = base_commands(fixed_capacity)
-        members = data.draw(st.lists(st.one_of(base, st.builds(lambda x: c.Batch((x,)), base)), max_size=4))
-        return c.Batch(tuple(members))
-    return data.draw(base_commands(fixed_capacity))
+        return data.draw(BATCHES[fixed_capacity])
+    return data.draw(BASE_COMMANDS[fixed_capacity])
 
 
 def run_random_log(data: st.DataObject, fixed_capacity: bool) -> tuple[list[c.Command], ControlState]:

@@ -1,0 +1,1 @@
+"""Everything that knows pysyncobj exists lives in this package (``lease.py`` is pure and does not)."""
