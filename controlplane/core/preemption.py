@@ -95,11 +95,14 @@ Why there are no loops
   and whether a claim can be satisfied depends on nothing but that state. The second call grants
   the same replicas and preempts nothing: with constant demands, preemption happens in one call.
 * **No two-way preemption.** Claims are served strongest first, and a replica a claim creates is
-  held at a strength no weaker claim can take: a ``QUOTA`` replica of priority p falls only to
-  quota claims of priority > p, and a ``BORROW`` replica only to quota claims (all of which ran
-  before) or to borrowing claims of higher priority (which also ran before). A victim that grows
-  back cancels its own losses first, so within one call no pair is reported in both directions,
-  and across calls the fixpoint leaves nothing to take back.
+  held at a strength no later claim exceeds: a ``QUOTA`` replica of priority p can fall only to a
+  quota claim of priority > p, and a ``BORROW`` replica of priority p only to a quota claim or a
+  borrowing claim of priority > p; all of those are stronger than the claim that created it, so
+  they ran first. Hence a deployment loses replicas only before it gains any in a call, a
+  beneficiary is never a victim afterwards, and a victim that grows back (into capacity a large
+  victim left over) cancels its own latest loss instead of taking from its taker. Within one call
+  no pair is reported in both directions; across calls the fixpoint leaves nothing to take back.
+  The unit tests replay every step against the rules and check all of this on random fleets.
 """
 
 from __future__ import annotations
@@ -306,7 +309,8 @@ def _validate(tenants: Mapping[TenantId, Tenant], demands: Sequence[Demand]) -> 
         if dep.tenant not in tenants:
             raise ValidationError(f"demands[{k}].deployment.tenant", f"unknown tenant {dep.tenant!r}")
         if dep.id in seen:
-            raise ValidationError(f"demands[{k}].deployment.id", f"{dep.id!r} repeats demands[{seen[dep.id]}]")
+            where = f"demands[{k}].deployment.id"
+            raise ValidationError(where, f"{dep.id!r} repeats demands[{seen[dep.id]}]")
         seen[dep.id] = k
 
 
@@ -317,7 +321,9 @@ def _by_pool(demands: Sequence[Demand]) -> list[tuple[PoolId, list[Demand]]]:
     return sorted(groups.items())
 
 
-def _open_pool(pool_id: PoolId, demands: list[Demand], tenants: Mapping[TenantId, Tenant], capacity: int) -> _Pool:
+def _open_pool(
+    pool_id: PoolId, demands: list[Demand], tenants: Mapping[TenantId, Tenant], capacity: int
+) -> _Pool:
     specs = {d.deployment.id: _spec(d, tenants[d.deployment.tenant]) for d in demands}
     order = tuple(sorted(specs, key=lambda i: (-specs[i].priority, specs[i].tenant, i)))
     budgets: dict[TenantId, _Budget] = {}
@@ -334,10 +340,9 @@ def _open_pool(pool_id: PoolId, demands: list[Demand], tenants: Mapping[TenantId
     for i in order:
         totals[specs[i].tenant] += kept[i] * specs[i].gpus
         extras[specs[i].tenant] += max(0, kept[i] - specs[i].guaranteed) * specs[i].gpus
-    held = sum(totals.values())
-    return _Pool(
-        pool_id, max(capacity, held), order, specs, budgets, kept, dict(kept), totals, extras, {i: [] for i in order}
-    )
+    effective = max(capacity, sum(totals.values()))
+    owed: dict[DeploymentId, list[DeploymentId]] = {i: [] for i in order}
+    return _Pool(pool_id, effective, order, specs, budgets, kept, dict(kept), totals, extras, owed)
 
 
 def _spec(demand: Demand, tenant: Tenant) -> _Spec:
@@ -425,9 +430,12 @@ def _next_step(pool: _Pool) -> Step | None:
     return None
 
 
-def _claims(pool: _Pool) -> list[tuple[tuple[int, int, int, TenantId, DeploymentId], ClaimKind, DeploymentId]]:
+_ClaimKey = tuple[int, int, int, TenantId, DeploymentId]
+
+
+def _claims(pool: _Pool) -> list[tuple[_ClaimKey, ClaimKind, DeploymentId]]:
     """Pending claims with their sort key (strongest first)."""
-    out = []
+    out: list[tuple[_ClaimKey, ClaimKind, DeploymentId]] = []
     for i in pool.order:
         s = pool.specs[i]
         a = pool.alloc[i]
@@ -484,7 +492,7 @@ def _borrowed(pool: _Pool, v: DeploymentId) -> bool:
 def _rule(pool: _Pool, b: DeploymentId, v: DeploymentId) -> Rule | None:
     """The rule that lets a claim of ``b`` take one replica of ``v`` now, or None."""
     sb, sv = pool.specs[b], pool.specs[v]
-    if sb.tenant == sv.tenant or pool.alloc[v] <= 0:
+    if sb.tenant == sv.tenant or pool.alloc[v] <= sv.guaranteed:
         return None
     within = pool.totals[sb.tenant] + sb.gpus <= pool.budgets[sb.tenant].quota
     borrowed = _borrowed(pool, v)
@@ -593,13 +601,16 @@ def choose_victims(
             chosen += mine[: grant.preempted]
     chosen.sort(key=key)
     to = _beneficiaries(allocation)
+    deadline_ms = now_ms + grace_ms
     return tuple(
-        Victim(x.id, x.deployment, now_ms + grace_ms, _victim_reason(x, allocation, to, key(x)[0] == 0, loads))
+        Victim(x.id, x.deployment, deadline_ms, _victim_reason(x, allocation, to, key(x)[0] == 0, loads))
         for x in chosen
     )
 
 
-def _borrowers(live: Sequence[Instance], tenants: Mapping[TenantId, Tenant]) -> dict[tuple[TenantId, PoolId], None]:
+def _borrowers(
+    live: Sequence[Instance], tenants: Mapping[TenantId, Tenant]
+) -> dict[tuple[TenantId, PoolId], None]:
     """(tenant, pool) pairs whose live instances hold more GPUs than the tenant's quota there."""
     held: dict[tuple[TenantId, PoolId], int] = {}
     for x in live:
@@ -620,7 +631,11 @@ def _beneficiaries(allocation: Allocation) -> dict[DeploymentId, str]:
 
 
 def _victim_reason(
-    x: Instance, allocation: Allocation, to: Mapping[DeploymentId, str], borrower: bool, loads: Mapping[InstanceId, float]
+    x: Instance,
+    allocation: Allocation,
+    to: Mapping[DeploymentId, str],
+    borrower: bool,
+    loads: Mapping[InstanceId, float],
 ) -> str:
     grant = allocation.grants[x.deployment]
     return (

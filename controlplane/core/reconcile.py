@@ -203,8 +203,10 @@ def plan(
         _healthy_capacity(state, tick.breakers, now_ms), now_ms,
     )
     warm = _warm_grants(state, deployments, decisions, allocation, tick.breakers, now_ms)
+    # Allocation counts serving-bound instances only (``_demand``), so victims come from those too;
+    # Standby instances are sized separately by the warm grants and drained first when they shrink.
     victims = preemption.choose_victims(
-        allocation, [i for i in state.instances.values() if not i.state.terminal], state.tenants, loads,
+        allocation, [i for i in state.instances.values() if i.state in SERVING_BOUND], state.tenants, loads,
         now_ms, cfg.preemption_grace_ms,
     )
     by_dep: dict[DeploymentId, list[preemption.Victim]] = {}
@@ -347,7 +349,7 @@ def _probe_cluster(tick: _Tick, d: Deployment, blocked: set[ClusterId]) -> Clust
     """A blocked cluster whose open breakers have all waited out their backoff: one probe may go."""
     for cid in sorted(blocked):
         recs = [tick.breakers.get(k) for k in (cluster_key(cid), deployment_key(cid, d.id))]
-        if all(r.phase is BreakerPhase.CLOSED or (r.phase is BreakerPhase.OPEN and tick.now_ms >= r.open_until_ms) for r in recs):
+        if all(r.phase is BreakerPhase.CLOSED or br.probe_due(r, tick.now_ms) for r in recs):
             if tick.free.get((cid, d.pool), 0) >= d.gpus_per_instance:
                 return cid
     return None
@@ -359,18 +361,20 @@ def _create(tick: _Tick, d: Deployment, count: int, existing: Sequence[Instance]
         return
     clusters = [tick.state.clusters[k] for k in sorted(tick.state.clusters)]
     free = {cl.id: tick.free.get((cl.id, d.pool), 0) for cl in clusters}
-    placed = placement.place(d, count, clusters, free, existing, blocked)
-    chosen = list(placed.clusters)
+    # Half-open: a blocked cluster whose backoff has elapsed gets exactly one instance as its probe;
+    # its warm-up closes the breakers or re-opens them with a longer backoff.
+    probe = _probe_cluster(tick, d, blocked)
+    chosen = [] if probe is None else [probe]
+    if probe is not None:
+        free[probe] -= d.gpus_per_instance
+        for key in (cluster_key(probe), deployment_key(probe, d.id)):
+            rec = tick.breakers.get(key)
+            if rec.phase is not BreakerPhase.CLOSED:
+                tick.breakers.put(key, br.on_probe(rec, tick.now_ms, tick.cfg.breaker))
+    placed = placement.place(d, count - len(chosen), clusters, free, existing, blocked)
+    chosen += placed.clusters
     if placed.unplaced:
-        probe = _probe_cluster(tick, d, blocked)
-        if probe is not None:
-            chosen.append(probe)
-            for key in (cluster_key(probe), deployment_key(probe, d.id)):
-                rec = tick.breakers.get(key)
-                if rec.phase is BreakerPhase.OPEN:
-                    tick.breakers.put(key, br.on_probe(rec, tick.now_ms))
-        if len(chosen) < count:
-            tick.notes.append(f"{d.id}: {count - len(chosen)} of {count} new instances not placed: {placed.reason}")
+        tick.notes.append(f"{d.id}: {placed.unplaced} of {count} new instances not placed: {placed.reason}")
     first = tick.cfg.max_creates_per_tick - tick.creates_left
     for k, cid in enumerate(chosen, start=first):
         # Unique: one tick per now_ms, and k counts every creation of the tick.

@@ -9,6 +9,7 @@ replicator. Randomness comes from ``random.Random`` instances seeded from the sc
 from __future__ import annotations
 
 import heapq
+import logging
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -87,7 +88,10 @@ class Simulation:
             random.Random(f"{seed}:fleet"), self._failure_probability, self.collector.request_done,
         )
         self.registry = CollectorRegistry()
-        self.recorder = TransitionRecorder(self.registry, logger or structlog.get_logger("controlplane.sim"))
+        # Transitions are counted always but logged only when a logger is given (--events): a long
+        # simulation makes hundreds of thousands of them.
+        quiet = structlog.wrap_logger(None, wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+        self.recorder = TransitionRecorder(self.registry, logger or quiet)
         self.state = ControlState()
         self.replicator = LocalReplicator(self.state, self._on_transitions)
         self.loop = ControlLoop(

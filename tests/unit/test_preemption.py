@@ -7,6 +7,7 @@ with ``have := granted`` to check that preemption happens once and never goes ba
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
@@ -21,6 +22,7 @@ from controlplane.core.preemption import (
     Grant,
     GrantCode,
     Rule,
+    Take,
     allocate,
     choose_victims,
 )
@@ -37,10 +39,11 @@ def tenant(tid: str, priority: int, quota: int = 0, borrow: int = 0, pool: str =
     return Tenant(TenantId(tid), priority, {PoolId(pool): quota}, {PoolId(pool): borrow})
 
 
-def dep(did: str, tid: str, *, gpus: int = 1, min_replicas: int = 0, pool: str = POOL, created_ms: int = 0) -> Deployment:
-    return Deployment(
-        DeploymentId(did), TenantId(tid), Engine.VLLM, "m", PoolId(pool), gpus, min_replicas, created_ms=created_ms
-    )
+def dep(
+    did: str, tid: str, *, gpus: int = 1, min_replicas: int = 0, pool: str = POOL, created_ms: int = 0
+) -> Deployment:
+    d, t, p = DeploymentId(did), TenantId(tid), PoolId(pool)
+    return Deployment(d, t, Engine.VLLM, "m", p, gpus, min_replicas, created_ms=created_ms)
 
 
 def demand(d: Deployment, want: int, have: int = 0, load: float = 0.0) -> Demand:
@@ -207,7 +210,11 @@ TABLE = [
     (
         "a guaranteed minimum goes before equal-strength growth when victims are scarce",
         [tenant("l", 1, quota=8), tenant("b", 5, quota=4), tenant("z", 5, quota=4)],
-        [(dep("dl", "l", min_replicas=6), 8, 8), (dep("db", "b"), 4, 0), (dep("dz", "z", gpus=2, min_replicas=1), 1, 0)],
+        [
+            (dep("dl", "l", min_replicas=6), 8, 8),
+            (dep("db", "b"), 4, 0),
+            (dep("dz", "z", gpus=2, min_replicas=1), 1, 0),
+        ],
         8,
         {"dl": 6, "db": 0, "dz": 1},
         (("dz", "dl", 2),),
@@ -291,7 +298,11 @@ def test_scale_down_and_ceiling_trim_are_not_preemptions() -> None:
 
 
 def test_guaranteed_minimums_exceed_the_ceiling_but_nothing_else_does() -> None:
-    a = run([tenant("a", 1, quota=1, borrow=1)], [demand(dep("d1", "a", min_replicas=3), 5), demand(dep("d2", "a"), 2)], 9)
+    a = run(
+        [tenant("a", 1, quota=1, borrow=1)],
+        [demand(dep("d1", "a", min_replicas=3), 5), demand(dep("d2", "a"), 2)],
+        9,
+    )
     assert replicas(a) == {"d1": 3, "d2": 0}
     assert a.grants["d2"].code is GrantCode.SHORT
     assert "ceiling" in a.grants["d2"].reason
@@ -301,7 +312,11 @@ def test_over_committed_pool_keeps_incumbents_and_grows_nothing_from_free() -> N
     # capacity shrank to 4 under 6 running GPUs: nobody is evicted without a beneficiary
     a = run(
         [tenant("a", 1, quota=8), tenant("b", 1, quota=8), tenant("h", 9, quota=4)],
-        [demand(dep("da", "a"), 6, 4, load=0.9), demand(dep("db", "b"), 4, 2, load=0.1), demand(dep("dh", "h"), 2)],
+        [
+            demand(dep("da", "a"), 6, 4, load=0.9),
+            demand(dep("db", "b"), 4, 2, load=0.1),
+            demand(dep("dh", "h"), 2),
+        ],
         4,
     )
     assert replicas(a) == {"da": 4, "db": 0, "dh": 2}
@@ -322,7 +337,7 @@ def test_pools_are_independent() -> None:
 
 
 def test_unknown_pool_has_no_capacity() -> None:
-    a = allocate({TenantId("a"): tenant("a", 1, quota=4)}, [demand(dep("x", "a", pool="nope"), 2)], {}, now_ms=0)
+    a = allocate({TenantId("a"): tenant("a", 1, quota=4)}, [demand(dep("x", "a", pool="z"), 2)], {}, now_ms=0)
     assert replicas(a) == {"x": 0}
     assert a.grants["x"].code is GrantCode.SHORT
 
@@ -374,7 +389,8 @@ def inst(
 
 def owing(**preempted: int) -> Allocation:
     grants = {DeploymentId(k): Grant(DeploymentId(k), 0, n, "test") for k, n in sorted(preempted.items())}
-    return Allocation(grants, tuple((DeploymentId("winner"), DeploymentId(k), n) for k, n in sorted(preempted.items())))
+    pairs = tuple((DeploymentId("winner"), DeploymentId(k), n) for k, n in sorted(preempted.items()))
+    return Allocation(grants, pairs)
 
 
 def test_choose_victims_within_a_deployment() -> None:
@@ -391,7 +407,8 @@ def test_choose_victims_within_a_deployment() -> None:
         inst("other", "e", "t", S.PENDING, created_ms=99),
     ]
     loads = {InstanceId("ready-loaded"): 0.8, InstanceId("busy-idle"): 0.0, InstanceId("warming"): 0.3}
-    picked = choose_victims(owing(d=6), instances, {TenantId("t"): tenant("t", 1, quota=8)}, loads, 1_000, 500)
+    tenants = {TenantId("t"): tenant("t", 1, quota=8)}
+    picked = choose_victims(owing(d=6), instances, tenants, loads, now_ms=1_000, grace_ms=500)
     # not-yet-serving first (least loaded, newest), then serving by load, then newest, then id;
     # "ready-loaded" (0.8) stays
     assert [v.instance_id for v in picked] == [
@@ -434,10 +451,14 @@ def test_choose_victims_gives_what_exists_when_short() -> None:
 # Hypothesis: random tenants, deployments and capacities
 
 POOLS = (PoolId("p1"), PoolId("p2"))
+Scenario = tuple[dict[TenantId, Tenant], list[Demand], dict[PoolId, int]]
+Fleet = tuple[
+    dict[TenantId, Tenant], list[Demand], dict[PoolId, int], list[Instance], dict[InstanceId, float]
+]
 
 
 @st.composite
-def scenarios(draw: st.DrawFn, *, from_scratch: bool = False) -> tuple[dict[TenantId, Tenant], list[Demand], dict[PoolId, int]]:
+def scenarios(draw: st.DrawFn, *, from_scratch: bool = False) -> Scenario:
     pools = POOLS[: draw(st.sampled_from([1, 1, 2]))]
     tenants: dict[TenantId, Tenant] = {}
     for k in range(draw(st.integers(1, 4))):
@@ -472,13 +493,14 @@ def scenarios(draw: st.DrawFn, *, from_scratch: bool = False) -> tuple[dict[Tena
 
 
 @st.composite
-def contended(draw: st.DrawFn) -> tuple[dict[TenantId, Tenant], list[Demand], dict[PoolId, int]]:
+def contended(draw: st.DrawFn) -> Scenario:
     """One pool filled by incumbents that hold what they want, plus newcomers that want more."""
     pool = POOLS[0]
     tenants: dict[TenantId, Tenant] = {}
     for k in range(draw(st.integers(2, 4))):
         tid = TenantId(f"t{k}")
-        tenants[tid] = Tenant(tid, draw(st.integers(0, 3)), {pool: draw(st.integers(0, 10))}, {pool: draw(st.integers(0, 10))})
+        quota, borrow = draw(st.integers(0, 10)), draw(st.integers(0, 10))
+        tenants[tid] = Tenant(tid, draw(st.integers(0, 3)), {pool: quota}, {pool: borrow})
     demands = []
     for k in range(draw(st.integers(3, 7))):
         m = draw(st.integers(0, 2))
@@ -498,7 +520,7 @@ def contended(draw: st.DrawFn) -> tuple[dict[TenantId, Tenant], list[Demand], di
     return tenants, demands, {pool: max(0, held + draw(st.integers(-1, 3)))}
 
 
-def any_scenario() -> st.SearchStrategy[tuple[dict[TenantId, Tenant], list[Demand], dict[PoolId, int]]]:
+def any_scenario() -> st.SearchStrategy[Scenario]:
     return st.one_of(scenarios(), contended())
 
 
@@ -520,7 +542,8 @@ def gpus_by_tenant(demands: Sequence[Demand], count: Mapping[DeploymentId, int])
 def reconstruct_kept(demands: Sequence[Demand], a: Allocation) -> dict[DeploymentId, int]:
     gains = Counter(s.deployment_id for s in a.steps)
     losses = Counter(t.victim for s in a.steps for t in s.takes)
-    return {d.deployment.id: a.grants[d.deployment.id].replicas - gains[d.deployment.id] + losses[d.deployment.id] for d in demands}
+    ids = [d.deployment.id for d in demands]
+    return {i: a.grants[i].replicas - gains[i] + losses[i] for i in ids}
 
 
 def extra_budget(t: Tenant, pool: PoolId, demands: Sequence[Demand]) -> int:
@@ -528,7 +551,12 @@ def extra_budget(t: Tenant, pool: PoolId, demands: Sequence[Demand]) -> int:
     return max(0, t.ceiling_in(pool) - minimums)
 
 
-def check_kept(tenants: Mapping[TenantId, Tenant], demands: Sequence[Demand], kept: Mapping[DeploymentId, int], pool: PoolId) -> None:
+def check_kept(
+    tenants: Mapping[TenantId, Tenant],
+    demands: Sequence[Demand],
+    kept: Mapping[DeploymentId, int],
+    pool: PoolId,
+) -> None:
     """Start state: what each deployment holds and still wants, cut back only by the ceiling."""
     for d in demands:
         start = min(d.have, d.want)
@@ -542,7 +570,13 @@ def check_kept(tenants: Mapping[TenantId, Tenant], demands: Sequence[Demand], ke
             assert over > extra_budget(t, pool, demands), "trimmed a tenant that was within its ceiling"
 
 
-def check_take(tenants, by_id, alloc, b: DeploymentId, take) -> None:  # type: ignore[no-untyped-def]
+def check_take(
+    tenants: Mapping[TenantId, Tenant],
+    by_id: Mapping[DeploymentId, Demand],
+    alloc: Mapping[DeploymentId, int],
+    b: DeploymentId,
+    take: Take,
+) -> None:
     db, dv = by_id[b], by_id[take.victim]
     tb, tv = tenants[db.deployment.tenant], tenants[dv.deployment.tenant]
     assert tb.id != tv.id, "a tenant preempted itself"
@@ -557,7 +591,9 @@ def check_take(tenants, by_id, alloc, b: DeploymentId, take) -> None:  # type: i
         assert tb.priority > tv.priority and (within or borrowed)
 
 
-def replay_pool(tenants: Mapping[TenantId, Tenant], demands: list[Demand], capacity: int, a: Allocation, pool: PoolId) -> None:
+def replay_pool(
+    tenants: Mapping[TenantId, Tenant], demands: list[Demand], capacity: int, a: Allocation, pool: PoolId
+) -> None:
     """Re-derive every step of one pool from the rules and land on the grants."""
     by_id = {d.deployment.id: d for d in demands}
     kept = reconstruct_kept(demands, a)
@@ -598,7 +634,11 @@ def replay_pool(tenants: Mapping[TenantId, Tenant], demands: list[Demand], capac
 
 
 def check_work_conserving(
-    tenants: Mapping[TenantId, Tenant], demands: list[Demand], effective: int, alloc: Mapping[DeploymentId, int], pool: PoolId
+    tenants: Mapping[TenantId, Tenant],
+    demands: list[Demand],
+    effective: int,
+    alloc: Mapping[DeploymentId, int],
+    pool: PoolId,
 ) -> None:
     """Nothing that may still grow fits in the free capacity left over."""
     free = effective - sum(alloc[d.deployment.id] * d.deployment.gpus_per_instance for d in demands)
@@ -632,7 +672,7 @@ def check_preemptions(demands: Sequence[Demand], a: Allocation) -> None:
 
 @settings(max_examples=80, deadline=None)
 @given(any_scenario())
-def test_every_step_follows_the_rules(scenario) -> None:  # type: ignore[no-untyped-def]
+def test_every_step_follows_the_rules(scenario: Scenario) -> None:
     """(v) preemption only along the allowed rules, free capacity first, never below a minimum."""
     tenants, demands, capacity = scenario
     a = allocate(tenants, demands, capacity, now_ms=0)
@@ -645,7 +685,7 @@ def test_every_step_follows_the_rules(scenario) -> None:  # type: ignore[no-unty
 
 @settings(max_examples=80, deadline=None)
 @given(any_scenario())
-def test_capacity_want_ceiling_and_minimum_bounds(scenario) -> None:  # type: ignore[no-untyped-def]
+def test_capacity_want_ceiling_and_minimum_bounds(scenario: Scenario) -> None:
     """(i) capacity, (ii) minimums of incumbents, (iii) want and ceiling."""
     tenants, demands, capacity = scenario
     a = allocate(tenants, demands, capacity, now_ms=0)
@@ -673,7 +713,7 @@ def test_capacity_want_ceiling_and_minimum_bounds(scenario) -> None:  # type: ig
 
 @settings(max_examples=60, deadline=None)
 @given(scenarios(from_scratch=True))
-def test_minimums_are_served_when_they_fit(scenario) -> None:  # type: ignore[no-untyped-def]
+def test_minimums_are_served_when_they_fit(scenario: Scenario) -> None:
     """(ii) starting empty, every guaranteed minimum is granted whenever the minimums fit."""
     tenants, demands, capacity = scenario
     a = allocate(tenants, demands, capacity, now_ms=0)
@@ -693,7 +733,7 @@ def test_minimums_are_served_when_they_fit(scenario) -> None:  # type: ignore[no
 
 @settings(max_examples=60, deadline=None)
 @given(any_scenario())
-def test_no_loops_fixpoint(scenario) -> None:  # type: ignore[no-untyped-def]
+def test_no_loops_fixpoint(scenario: Scenario) -> None:
     """(iv) with constant wants, have := granted reaches a fixpoint after one call: preemptions only
     in the first call, and never both A -> B and B -> A."""
     tenants, demands, capacity = scenario
@@ -701,7 +741,8 @@ def test_no_loops_fixpoint(scenario) -> None:  # type: ignore[no-untyped-def]
     seen = {(b, v) for b, v, _ in first.preemptions}
     current = first
     for round_ in range(2, 5):
-        demands = [Demand(d.deployment, d.want, current.grants[d.deployment.id].replicas, d.load) for d in demands]
+        granted = replicas(current)
+        demands = [Demand(d.deployment, d.want, granted[d.deployment.id], d.load) for d in demands]
         current = allocate(tenants, demands, capacity, now_ms=round_)
         assert current.preemptions == (), f"round {round_} preempted again"
         assert replicas(current) == replicas(first), f"round {round_} moved replicas"
@@ -712,7 +753,7 @@ def test_no_loops_fixpoint(scenario) -> None:  # type: ignore[no-untyped-def]
 
 @settings(max_examples=40, deadline=None)
 @given(any_scenario(), st.randoms(use_true_random=False))
-def test_deterministic_whatever_the_input_order(scenario, rnd) -> None:  # type: ignore[no-untyped-def]
+def test_deterministic_whatever_the_input_order(scenario: Scenario, rnd: random.Random) -> None:
     tenants, demands, capacity = scenario
     shuffled = list(demands)
     rnd.shuffle(shuffled)
@@ -727,7 +768,7 @@ DEAD = (S.DRAINING, S.TERMINATED, S.FAILED)
 
 
 @st.composite
-def fleets(draw: st.DrawFn):  # type: ignore[no-untyped-def]
+def fleets(draw: st.DrawFn) -> Fleet:
     tenants, demands, capacity = draw(scenarios())
     instances: list[Instance] = []
     loads: dict[InstanceId, float] = {}
@@ -754,7 +795,7 @@ def fleets(draw: st.DrawFn):  # type: ignore[no-untyped-def]
 
 @settings(max_examples=80, deadline=None)
 @given(fleets(), st.integers(0, 10**9), st.integers(0, 60_000))
-def test_choose_victims_counts_states_and_order(fleet, now_ms, grace_ms) -> None:  # type: ignore[no-untyped-def]
+def test_choose_victims_counts_states_and_order(fleet: Fleet, now_ms: int, grace_ms: int) -> None:
     """(vi) exactly the requested counts, never Draining or terminal, in the documented order."""
     tenants, demands, capacity, instances, loads = fleet
     a = allocate(tenants, demands, capacity, now_ms=now_ms)
@@ -765,9 +806,10 @@ def test_choose_victims_counts_states_and_order(fleet, now_ms, grace_ms) -> None
     for x in live:
         held[(x.tenant, x.pool)] += x.gpus
 
-    def key(x: Instance):  # type: ignore[no-untyped-def]
+    def key(x: Instance) -> tuple[bool, int, bool, float, int, str]:
         borrower = held[(x.tenant, x.pool)] > tenants[x.tenant].quota_in(x.pool)
-        return (not borrower, tenants[x.tenant].priority, x.state.serving, loads.get(x.id, 0.0), -x.created_ms, x.id)
+        load = loads.get(x.id, 0.0)
+        return (not borrower, tenants[x.tenant].priority, x.state.serving, load, -x.created_ms, x.id)
 
     assert Counter(v.deployment_id for v in picked) == +Counter({i: g.preempted for i, g in a.grants.items()})
     assert len({v.instance_id for v in picked}) == len(picked)
