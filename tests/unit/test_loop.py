@@ -1,0 +1,380 @@
+"""The control loop shell: gather -> facts commit -> decide -> commit -> act, with fencing.
+
+Runs :class:`ControlLoop` over a :class:`LocalReplicator` with a scripted observation source and a
+recording adapter (fakes for the two ports). Time is the ``now_ms`` argument of ``tick``; nothing
+sleeps.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import structlog
+from prometheus_client import CollectorRegistry
+from structlog.testing import capture_logs
+
+from controlplane.core import reconcile as r
+from controlplane.domain import commands as c
+from controlplane.domain.errors import StaleEpoch, Unavailable
+from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId, PoolId, TenantId, ZoneId
+from controlplane.domain.instances import InitMethod, InstanceEvent, InstanceState, Transitioned
+from controlplane.domain.observations import InstanceReport, InstanceSample, Observations
+from controlplane.domain.records import BreakerPhase, BreakerRecord
+from controlplane.domain.state import ControlState, apply
+from controlplane.domain.tenants import Deployment, Engine, Tenant
+from controlplane.domain.topology import Cluster
+from controlplane.ports import AdapterCommand, Fence
+from controlplane.runtime.loop import ControlLoop, LoopStatistics, TickReport
+from controlplane.runtime.replicator import LocalReplicator
+from controlplane.runtime.transitions import TRANSITIONS_METRIC, TransitionRecorder
+
+S, E = InstanceState, InstanceEvent
+H100 = PoolId("h100")
+T0 = 1_000_000
+TICK_MS = 250
+EPOCH = 7
+
+# --- fakes ----------------------------------------------------------------------------------------
+
+
+class ScriptedSource:
+    """ObservationSource: returns what the test queued for a given tick time (else nothing)."""
+
+    def __init__(self) -> None:
+        self.script: dict[int, Observations] = {}
+        self.calls: list[int] = []
+
+    def at(self, now_ms: int, *, reports: Sequence[InstanceReport] = (), samples: Sequence[InstanceSample] = ()) -> None:
+        self.script[now_ms] = Observations(now_ms, tuple(samples), tuple(reports))
+
+    def gather(self, now_ms: int) -> Observations:
+        self.calls.append(now_ms)
+        return self.script.pop(now_ms, Observations(now_ms))
+
+
+# The state each action must already have produced in the replicated state when the adapter hears of
+# it (commit, then act). A cancelled Pending instance is Terminated and has left the state.
+COMMITTED_STATE = {
+    "create": S.PENDING,
+    "wake": S.WARMING,
+    "sleep": S.STANDBY,
+    "drain": S.DRAINING,
+    "cancel": None,
+}
+
+
+@dataclass
+class Sent:
+    cluster: ClusterId
+    command: AdapterCommand
+    fence: Fence
+    now_ms: int
+    committed_entries: int
+
+
+@dataclass
+class RecordingAdapter:
+    """ClusterAdapter: records every send, checks commit-before-act, raises what ``fail`` says."""
+
+    replicator: LocalReplicator
+    fail: Callable[[ClusterId, AdapterCommand], Exception | None] = lambda cluster, cmd: None
+    sent: list[Sent] = field(default_factory=list)
+    """Every send attempt, delivered or not."""
+    violations: list[str] = field(default_factory=list)
+
+    def send(self, cluster_id: ClusterId, command: AdapterCommand, fence: Fence, now_ms: int) -> None:
+        self.sent.append(Sent(cluster_id, command, fence, now_ms, self.replicator.entries))
+        inst = self.replicator.state.instances.get(command.instance.id)
+        want = COMMITTED_STATE[command.action]
+        have = None if inst is None else inst.state
+        if have is not want:
+            self.violations.append(f"{command.action} {command.instance.id}: replicated state is {have}, want {want}")
+        if cluster_id != command.instance.cluster:
+            self.violations.append(f"{command.instance.id} sent to {cluster_id}, lives in {command.instance.cluster}")
+        error = self.fail(cluster_id, command)
+        if error is not None:
+            raise error
+
+    def actions(self) -> list[tuple[str, str, str]]:
+        return [(s.command.action, s.command.instance.id, s.cluster) for s in self.sent]
+
+
+# --- builders -------------------------------------------------------------------------------------
+
+
+def chat(min_replicas: int = 1, warm_pool: int = 0) -> c.PutDeployment:
+    """The deployment. The loop feeds the scaling decision real (here: zero) load, so the tests set
+    the replica count through ``min_replicas`` (the decision's clamp)."""
+    return c.PutDeployment(
+        Deployment(DeploymentId("chat"), TenantId("acme"), Engine.VLLM, "llama3-8b-h100", H100, 1,
+                   min_replicas=min_replicas, max_replicas=16, warm_pool=warm_pool)
+    )
+
+
+def setup(
+    *, clusters: Sequence[tuple[str, str, int]] = (("c1", "z1", 8),), min_replicas: int = 1, warm_pool: int = 0
+) -> list[c.Command]:
+    return [
+        *[c.PutCluster(Cluster(ClusterId(cid), ZoneId(z), capacity={H100: n})) for cid, z, n in clusters],
+        c.PutTenant(Tenant(TenantId("acme"), 10, {H100: 16})),
+        chat(min_replicas, warm_pool),
+    ]
+
+
+@dataclass
+class Rig:
+    replicator: LocalReplicator
+    adapter: RecordingAdapter
+    source: ScriptedSource
+    loop: ControlLoop
+    transitions: list[Transitioned]
+
+    @property
+    def state(self) -> ControlState:
+        return self.replicator.state
+
+    def commit(self, *commands: c.Command) -> None:
+        result = self.replicator.commit(commands, 0)
+        assert result.ok, [x.error for x in result.results]
+
+
+def rig(
+    commands: Sequence[c.Command],
+    *,
+    authority: Callable[[int], int | None] = lambda now_ms: EPOCH,
+    fail: Callable[[ClusterId, AdapterCommand], Exception | None] = lambda cluster, cmd: None,
+    on_transitions: Callable[[Sequence[Transitioned]], None] | None = None,
+) -> Rig:
+    state = ControlState()
+    for cmd in commands:
+        assert apply(state, cmd).ok, cmd
+    seen: list[Transitioned] = []
+
+    def hook(records: Sequence[Transitioned]) -> None:
+        seen.extend(records)
+        if on_transitions is not None:
+            on_transitions(records)
+
+    replicator = LocalReplicator(state, on_transitions=hook)
+    adapter = RecordingAdapter(replicator, fail)
+    source = ScriptedSource()
+    loop = ControlLoop(replicator, adapter, source, rng=random.Random(5), authority=authority)
+    return Rig(replicator, adapter, source, loop, seen)
+
+
+def report(iid: str, event: InstanceEvent, at_ms: int) -> InstanceReport:
+    return InstanceReport(InstanceId(iid), event.value, at_ms)
+
+
+def actionable(plan: r.Plan | None) -> list[tuple[str, str]]:
+    """The adapter actions a committed plan implies, in plan order."""
+    assert plan is not None
+    names = {E.WAKE: "wake", E.SLEEP: "sleep", E.DRAIN: "drain", E.CANCEL: "cancel"}
+    out = []
+    for cmd in plan.commands:
+        if isinstance(cmd, c.CreateInstance):
+            out.append(("create", cmd.instance_id))
+        elif isinstance(cmd, c.TransitionInstance) and cmd.event in names:
+            out.append((names[cmd.event], cmd.instance_id))
+    return out
+
+
+# --- commit before act, fencing -------------------------------------------------------------------
+
+
+def test_commands_are_committed_before_they_are_sent_in_plan_order_with_fences() -> None:
+    # Two zones, 2 replicas + 1 warm wanted from nothing.
+    rg = rig(setup(clusters=(("c1", "z1", 4), ("c2", "z2", 4)), min_replicas=2, warm_pool=1))
+
+    # t0: three cold starts, spread over the zones.
+    rep = rg.loop.tick(T0)
+    assert rep.acted and rep.facts == 0 and rep.sent == 3 and rep.send_failures == 0
+    ids = [f"chat-{T0}-{k}" for k in range(3)]
+    assert actionable(rep.plan) == [("create", i) for i in ids]
+    assert rg.adapter.actions() == [("create", ids[0], "c1"), ("create", ids[1], "c2"), ("create", ids[2], "c1")]
+    assert all(s.committed_entries == rg.replicator.entries == 1 for s in rg.adapter.sent)
+
+    # t1: all three warm up (facts), and the surplus one is put to sleep (plan) in the same tick.
+    t1 = T0 + 40_000
+    rg.source.at(t1, reports=[report(i, ev, T0 + 30_000 + k) for k, i in enumerate(ids) for ev in (E.START_WARMUP, E.WARMED)])
+    rep = rg.loop.tick(t1)
+    assert rep.facts == 6 and rep.sent == 1
+    assert actionable(rep.plan) == [("sleep", ids[0])]
+
+    # t2: one more replica: the sleeper is woken, a cold start refills the pool.
+    t2 = t1 + TICK_MS
+    rg.commit(chat(3, 1))
+    rep = rg.loop.tick(t2)
+    assert actionable(rep.plan) == [("wake", ids[0]), ("create", f"chat-{t2}-0")]
+
+    # t3: back to 1 replica (+1 warm): the instances still starting go first (the waking one is
+    # drained with the scale-in grace, the Pending one cancelled), then a Ready one refills the pool.
+    t3 = t2 + TICK_MS
+    rg.commit(chat(1, 1))
+    rep = rg.loop.tick(t3)
+    plan_actions = actionable(rep.plan)
+    assert plan_actions == [("drain", ids[0]), ("cancel", f"chat-{t2}-0"), ("sleep", ids[1])]
+
+    sent = rg.adapter.sent
+    assert rg.adapter.violations == []
+    assert [(s.command.action, s.command.instance.id) for s in sent[-3:]] == plan_actions
+    assert [s.command.deadline_ms for s in sent if s.command.action == "drain"] == [t3 + 60_000]
+    assert [s.fence for s in sent] == [Fence(EPOCH, k) for k in range(1, len(sent) + 1)]
+    assert len({s.command.request_id for s in sent}) == len(sent)
+    # Commits: t0 plan, t1 facts + plan, t2 plan, t3 plan (the test's own two commits are not the loop's).
+    assert rg.replicator.entries == 5 + 2
+    assert rg.loop.statistics() == LoopStatistics(
+        ticks=4, commits=5, commands_sent=len(sent), send_failures=0, stale_rejections=0
+    )
+
+
+def test_the_epoch_of_each_tick_comes_from_authority() -> None:
+    epochs = {T0: 3, T0 + TICK_MS: 4}
+    rg = rig(setup(min_replicas=1), authority=lambda now_ms: epochs[now_ms])
+    rg.loop.tick(T0)
+    rg.commit(chat(2))
+    rg.loop.tick(T0 + TICK_MS)
+    fences = [s.fence for s in rg.adapter.sent]
+    assert [f.epoch for f in fences] == [3, 4]
+    assert fences[0].seq < fences[1].seq
+    assert len({s.command.request_id for s in rg.adapter.sent}) == 2
+
+
+def test_without_authority_the_loop_gathers_and_filters_but_neither_commits_nor_sends() -> None:
+    rg = rig(setup(min_replicas=1), authority=lambda now_ms: None)
+    rg.commit(c.CreateInstance(InstanceId("r1"), DeploymentId("chat"), ClusterId("c1"), T0 - 9_000))
+    rg.commit(c.TransitionInstance(InstanceId("r1"), E.START_WARMUP, T0 - 8_000),
+              c.TransitionInstance(InstanceId("r1"), E.WARMED, T0 - 7_000))
+    entries = rg.replicator.entries
+    busy = InstanceSample(InstanceId("r1"), DeploymentId("chat"), T0, 200, 50, 0.9, 1_000.0, 5_000.0)
+    rg.source.at(T0, samples=[busy], reports=[report("r1", E.LOST, T0)])
+
+    rep = rg.loop.tick(T0)
+    assert rep == TickReport(T0, False, None, 0, 0, 0)
+    assert rg.source.calls == [T0]
+    sig = rg.loop.last_signals["chat"]
+    assert sig is not None and sig.stable["concurrency"] == 250.0
+    assert rg.replicator.entries == entries
+    assert rg.state.instances["r1"].state is S.READY  # neither the WORK sample nor the LOST report committed
+    assert rg.adapter.sent == []
+    assert rg.loop.statistics() == LoopStatistics(ticks=1, commits=0, commands_sent=0, send_failures=0, stale_rejections=0)
+
+
+# --- undeliverable commands -----------------------------------------------------------------------
+
+
+def test_an_undeliverable_create_marks_the_instance_lost_and_feeds_the_cluster_breaker() -> None:
+    down = {"c1"}
+    rg = rig(
+        setup(clusters=(("c1", "z1", 4), ("c2", "z2", 4)), min_replicas=1),
+        fail=lambda cluster, cmd: Unavailable(f"{cluster} unreachable") if cluster in down else None,
+    )
+    # Three ticks, three creates placed in c1 (the emptiest), none delivered.
+    for k in range(3):
+        now = T0 + k * TICK_MS
+        rep = rg.loop.tick(now)
+        assert (rep.sent, rep.send_failures) == (0, 1)
+        assert rep.facts == (0 if k == 0 else 2)  # the previous tick's failure: LOST + breaker update
+        assert [i.id for i in rg.state.instances.values()] == [f"chat-{now}-0"]
+        if k:
+            prev = f"chat-{now - TICK_MS}-0"
+            assert prev not in rg.state.instances
+            assert rg.transitions[-1] == Transitioned(
+                InstanceId(prev), S.PENDING, S.FAILED, E.LOST, 0, InitMethod.COLD, now - TICK_MS
+            )
+            assert rg.state.breakers[r.cluster_key("c1")] == BreakerRecord(failures=k)
+    assert rg.adapter.actions() == [("create", f"chat-{T0 + k * TICK_MS}-0", "c1") for k in range(3)]
+
+    # The third failure opens the breaker; its replacement goes to c2 and is delivered.
+    now = T0 + 3 * TICK_MS
+    rep = rg.loop.tick(now)
+    assert rep.facts == 2 and (rep.sent, rep.send_failures) == (1, 0)
+    assert rg.state.breakers[r.cluster_key("c1")].phase is BreakerPhase.OPEN
+    assert rg.adapter.actions()[-1] == ("create", f"chat-{now}-0", "c2")
+    stats = rg.loop.statistics()
+    assert (stats.send_failures, stats.commands_sent, stats.ticks) == (3, 1, 4)
+    assert rg.adapter.violations == []
+
+
+def test_a_stale_epoch_stops_sending_for_the_rest_of_the_tick() -> None:
+    def fail(cluster: ClusterId, cmd: AdapterCommand) -> Exception | None:
+        return StaleEpoch(EPOCH, EPOCH + 1) if cmd.instance.id.endswith("-1") else None
+
+    rg = rig(setup(min_replicas=4), fail=fail)
+    rep = rg.loop.tick(T0)
+    ids = [f"chat-{T0}-{k}" for k in range(4)]
+    assert actionable(rep.plan) == [("create", i) for i in ids]
+    # The first is delivered, the second is fenced off; the other two are not even tried.
+    assert [s.command.instance.id for s in rg.adapter.sent] == ids[:2]
+    assert (rep.sent, rep.send_failures) == (1, 0)
+    assert rg.loop.statistics().stale_rejections == 1
+    assert rg.loop.statistics().send_failures == 0
+    # Committed all the same (commit before act); a fenced command is not a delivery failure, so the
+    # next tick does not mark anything lost.
+    assert [i.id for i in rg.state.instances.values()] == ids
+    assert rg.loop.tick(T0 + TICK_MS).facts == 0
+    assert [i.id for i in rg.state.instances.values()] == ids
+
+
+# --- transition records: logs and metrics ---------------------------------------------------------
+
+
+def test_each_transition_is_one_log_event_and_one_counter_increment() -> None:
+    registry = CollectorRegistry()
+    with capture_logs() as logs:
+        recorder = TransitionRecorder(registry, structlog.get_logger("test"))
+        rg = rig(setup(min_replicas=1, warm_pool=1), on_transitions=recorder.record)
+        a, b = f"chat-{T0}-0", f"chat-{T0}-1"
+
+        rg.loop.tick(T0)  # creates a and b (no transitions yet)
+        rg.source.at(T0 + 1_000, reports=[report(a, E.START_WARMUP, T0 + 500), report(b, E.START_WARMUP, T0 + 500)])
+        rg.loop.tick(T0 + 1_000)
+        rg.source.at(T0 + 31_000, reports=[report(a, E.WARMED, T0 + 30_500), report(b, E.WARMED, T0 + 30_500)])
+        rg.loop.tick(T0 + 31_000)  # ... and a, the surplus, is put to sleep
+        rg.commit(chat(2, 1))
+        rg.loop.tick(T0 + 40_000)  # a is woken (warm start); a cold start refills the pool
+        rg.source.at(T0 + 41_500, reports=[report(a, E.WARMED, T0 + 41_000)])
+        rg.loop.tick(T0 + 41_500)
+
+    events = [e for e in logs if e["event"] == "instance_transition"]
+    assert len(events) == len(logs) == recorder.count == len(rg.transitions) == 7
+    fields = ("instance_id", "from", "to", "latency_ms", "init_method")
+    assert [tuple(e[k] for k in fields) for e in events] == [
+        (a, "Pending", "Warming", 500, "cold"),
+        (b, "Pending", "Warming", 500, "cold"),
+        (a, "Warming", "Ready", 30_000, "cold"),
+        (b, "Warming", "Ready", 30_000, "cold"),
+        (a, "Ready", "Standby", 500, "cold"),
+        (a, "Standby", "Warming", 9_000, "warm"),
+        (a, "Warming", "Ready", 1_000, "warm"),
+    ]
+    assert [(e["trigger"], e["at_ms"], e["log_level"]) for e in events][-2:] == [
+        ("wake", T0 + 40_000, "info"), ("warmed", T0 + 41_000, "info"),
+    ]
+
+    def counted(src: str, dst: str, init: str) -> float | None:
+        labels = {"from_state": src, "to_state": dst, "init_method": init}
+        return registry.get_sample_value(f"{TRANSITIONS_METRIC}_total", labels)
+
+    assert counted("Pending", "Warming", "cold") == 2
+    assert counted("Warming", "Ready", "cold") == 2
+    assert counted("Ready", "Standby", "cold") == 1
+    assert counted("Standby", "Warming", "warm") == 1
+    assert counted("Warming", "Ready", "warm") == 1
+    assert counted("Warming", "Ready", "other") is None
+    assert counted("Pending", "Terminated", "cold") is None
+
+
+def test_the_recorder_uses_the_default_structlog_logger() -> None:
+    registry = CollectorRegistry()
+    with capture_logs() as logs:
+        recorder = TransitionRecorder(registry)
+        recorder.record([Transitioned(InstanceId("i1"), S.READY, S.DRAINING, E.DRAIN, 42, InitMethod.WARM, T0)])
+    assert logs == [{
+        "event": "instance_transition", "log_level": "info", "instance_id": "i1", "from": "Ready", "to": "Draining",
+        "trigger": "drain", "latency_ms": 42, "init_method": "warm", "at_ms": T0,
+    }]
+    labels = {"from_state": "Ready", "to_state": "Draining", "init_method": "warm"}
+    assert registry.get_sample_value(f"{TRANSITIONS_METRIC}_total", labels) == 1.0
