@@ -53,6 +53,10 @@ class ReconcileConfig:
     """Running requests of an instance removed by scale-in may finish for this long."""
     breaker: br.BreakerConfig = field(default_factory=br.BreakerConfig)
     max_creates_per_tick: int = MAX_CREATES_PER_TICK
+    pending_timeout_ms: int = 120_000
+    """A Pending instance whose pod has not started warming after this long is declared lost."""
+    warmup_timeout_ms: int = 600_000
+    """A warm-up still unfinished after this long counts as failed (and feeds the breaker)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +135,10 @@ def facts(
         inst = state.instances.get(rep.instance_id)
         if inst is None:
             continue
-        event = InstanceEvent(rep.event)
+        try:
+            event = InstanceEvent(rep.event)
+        except ValueError:
+            continue  # an adapter newer than this coordinator: ignore what we do not know
         if not move(inst, event, rep.at_ms):
             continue
         _feed_breakers(breakers, inst, event, rep.at_ms, cfg, rng)
@@ -141,6 +148,10 @@ def facts(
         inst = state.instances.get(f.instance_id)
         if inst is not None and f.action in ("create", "wake"):
             move(inst, E.LOST, f.at_ms)
+    for inst in state.instances.values():
+        stuck = _stuck_event(inst, now_ms, cfg)
+        if stuck is not None and move(inst, stuck, now_ms):
+            _feed_breakers(breakers, inst, stuck, now_ms, cfg, rng)
     for sample in obs.samples:
         inst = state.instances.get(sample.instance_id)
         if inst is None:
@@ -150,6 +161,17 @@ def facts(
         elif states.get(inst.id) is S.BUSY and sample.running + sample.waiting == 0:
             move(inst, E.IDLE, sample.at_ms)
     return tuple(out + breakers.commands())
+
+
+def _stuck_event(inst: Instance, now_ms: int, cfg: ReconcileConfig) -> InstanceEvent | None:
+    """A Pending instance whose pod never started, or a warm-up that never finished, is given up:
+    a lost create (for example sent just before this coordinator was fenced) must not hold GPUs."""
+    age = now_ms - inst.state_since_ms
+    if inst.state is S.PENDING and age > cfg.pending_timeout_ms:
+        return E.LOST
+    if inst.state is S.WARMING and age > cfg.warmup_timeout_ms:
+        return E.WARMUP_FAILED
+    return None
 
 
 def _feed_breakers(
@@ -225,7 +247,7 @@ def plan(
 def _decide(state: ControlState, d: Deployment, sig: FilteredSignals | None, now_ms: int) -> scaling.ScaleDecision:
     desired = state.desired.get(d.id)
     current = desired.replicas if desired is not None else d.min_replicas
-    profile = PROFILES[d.model]
+    profile = PROFILES.get(d.model)  # None: no token signal, the others still apply
     return scaling.decide(d, profile, state.tenants[d.tenant].slo, sig, state.memory_of(d.id), current, now_ms)
 
 
@@ -237,11 +259,13 @@ def _demand(state: ControlState, d: Deployment, want: int, loads: Mapping[Instan
 
 
 def _healthy_capacity(state: ControlState, breakers: _Breakers, now_ms: int) -> dict[PoolId, int]:
-    """GPUs per pool in clusters whose cluster breaker is not open."""
+    """GPUs per pool in clusters whose cluster breaker is closed, half-open, or open with its backoff
+    elapsed (the next placement there is its probe). A cluster still inside its backoff is not
+    counted, so the allocation does not promise GPUs that nothing may use."""
     cap: dict[PoolId, int] = {}
     for cid in sorted(state.clusters):
         rec = breakers.get(cluster_key(cid))
-        if rec.phase is BreakerPhase.OPEN:
+        if rec.phase is BreakerPhase.OPEN and not br.probe_due(rec, now_ms):
             continue
         for pool, n in sorted(state.clusters[cid].capacity.items()):
             cap[pool] = cap.get(pool, 0) + n

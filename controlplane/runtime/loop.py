@@ -20,7 +20,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from controlplane.core import reconcile, signals
+from controlplane.core import breaker, reconcile, signals
 from controlplane.domain import commands as c
 from controlplane.domain.errors import StaleEpoch, TemporaryError
 from controlplane.domain.ids import DeploymentId, InstanceId
@@ -36,7 +36,12 @@ ACTION_OF_EVENT = {
     InstanceEvent.CANCEL: "cancel",
 }
 MAX_PENDING_FAILURES = 10_000
-"""Bound on remembered undelivered commands (oldest dropped first)."""
+"""Bound on remembered undelivered commands (further ones are not remembered)."""
+RETRY_WINDOW_MS = 600_000
+"""An undelivered sleep/drain/cancel is re-sent (same request id) for at most this long."""
+RETRIED_ACTIONS = ("sleep", "drain", "cancel")
+"""Actions re-sent until delivered. A failed create or wake is not: ``facts`` declares the
+instance lost instead, and the plan replaces it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +82,8 @@ class ControlLoop:
         self._cfg = config or reconcile.ReconcileConfig()
         self._filters: dict[DeploymentId, signals.SignalMemory] = {}
         self._failures: list[reconcile.SendFailure] = []
+        self._undelivered: dict[str, tuple[AdapterCommand, int]] = {}
+        """request id -> (command, first failure ms): re-sent while its cluster's breaker allows."""
         self._seq = 0
         self._stats = dict(ticks=0, commits=0, commands_sent=0, send_failures=0, stale_rejections=0)
         self.last_signals: dict[DeploymentId, signals.FilteredSignals | None] = {}
@@ -99,7 +106,8 @@ class ControlLoop:
         before = {cmd.instance_id: state.instances.get(cmd.instance_id) for cmd in plan.commands
                   if isinstance(cmd, c.TransitionInstance)}
         result = self._commit(plan.commands, now_ms)  # commit, then act
-        sent, failed = self._act(plan.commands, result, before, epoch, now_ms)
+        outgoing = self._retries(state, now_ms) + self._adapter_commands(plan.commands, result, before, epoch)
+        sent, failed = self._send(outgoing, epoch, now_ms)
         return TickReport(now_ms, True, plan, len(facts), sent, failed)
 
     def _commit(self, commands: Sequence[c.Command], now_ms: int) -> ApplyResult:
@@ -134,44 +142,62 @@ class ControlLoop:
         self.last_signals = out
         return out, loads
 
-    def _act(
-        self,
-        commands: Sequence[c.Command],
-        result: ApplyResult,
-        before: Mapping[InstanceId, Instance | None],
-        epoch: int,
-        now_ms: int,
-    ) -> tuple[int, int]:
+    def _adapter_commands(
+        self, commands: Sequence[c.Command], result: ApplyResult, before: Mapping[InstanceId, Instance | None], epoch: int
+    ) -> list[AdapterCommand]:
+        """Adapter commands for the plan's *committed* commands, in plan order."""
         state = self._replicator.state
-        sent = failed = 0
         outcomes = result.results or (result,) * len(commands)
+        out = []
         for cmd, outcome in zip(commands, outcomes):
-            if not outcome.ok:
+            if outcome.ok:
+                adapter_cmd = self._adapter_command(cmd, state, before, f"e{epoch}-{self._seq + len(out) + 1}")
+                if adapter_cmd is not None:
+                    out.append(adapter_cmd)
+        return out
+
+    def _retries(self, state: ControlState, now_ms: int) -> list[AdapterCommand]:
+        """Undelivered commands whose cluster's breaker lets traffic through again."""
+        due = []
+        for rid, (cmd, since_ms) in list(self._undelivered.items()):
+            if now_ms - since_ms > RETRY_WINDOW_MS:
+                del self._undelivered[rid]
                 continue
-            adapter_cmd = self._adapter_command(cmd, state, before, epoch)
-            if adapter_cmd is None:
-                continue
+            rec = state.breakers.get(reconcile.cluster_key(cmd.instance.cluster))
+            if rec is None or breaker.allows(rec, now_ms):
+                due.append(cmd)
+        return due
+
+    def _send(self, outgoing: Sequence[AdapterCommand], epoch: int, now_ms: int) -> tuple[int, int]:
+        sent = failed = 0
+        for cmd in outgoing:
             self._seq += 1
             try:
-                self._adapter.send(adapter_cmd.instance.cluster, adapter_cmd, Fence(epoch, self._seq), now_ms)
+                self._adapter.send(cmd.instance.cluster, cmd, Fence(epoch, self._seq), now_ms)
                 sent += 1
+                self._undelivered.pop(cmd.request_id, None)
             except StaleEpoch:
                 self._stats["stale_rejections"] += 1
                 break  # a newer leader exists: stop acting at once
             except TemporaryError:
                 failed += 1
-                if len(self._failures) < MAX_PENDING_FAILURES:
-                    self._failures.append(
-                        reconcile.SendFailure(adapter_cmd.instance.cluster, adapter_cmd.instance.id, adapter_cmd.action, now_ms)
-                    )
+                self._remember_failure(cmd, now_ms)
         self._stats["commands_sent"] += sent
         self._stats["send_failures"] += failed
         return sent, failed
 
+    def _remember_failure(self, cmd: AdapterCommand, now_ms: int) -> None:
+        if len(self._failures) < MAX_PENDING_FAILURES:
+            self._failures.append(reconcile.SendFailure(cmd.instance.cluster, cmd.instance.id, cmd.action, now_ms))
+        if cmd.action in RETRIED_ACTIONS and cmd.request_id not in self._undelivered:
+            if len(self._undelivered) < MAX_PENDING_FAILURES:
+                self._undelivered[cmd.request_id] = (cmd, now_ms)
+
+    @staticmethod
     def _adapter_command(
-        self, cmd: c.Command, state: ControlState, before: Mapping[InstanceId, Instance | None], epoch: int
+        cmd: c.Command, state: ControlState, before: Mapping[InstanceId, Instance | None], rid: str
     ) -> AdapterCommand | None:
-        rid = f"e{epoch}-{self._seq + 1}"  # unique across leaders: epochs never repeat
+        """``rid``: a request id unique across leaders (epochs never repeat), kept across retries."""
         if isinstance(cmd, c.CreateInstance):
             inst = state.instances.get(cmd.instance_id)
             return AdapterCommand(rid, "create", inst) if inst is not None else None

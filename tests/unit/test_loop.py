@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
+
+import pytest
 from dataclasses import dataclass, field
 
 import structlog
@@ -46,7 +48,9 @@ class ScriptedSource:
         self.script: dict[int, Observations] = {}
         self.calls: list[int] = []
 
-    def at(self, now_ms: int, *, reports: Sequence[InstanceReport] = (), samples: Sequence[InstanceSample] = ()) -> None:
+    def at(
+        self, now_ms: int, *, reports: Sequence[InstanceReport] = (), samples: Sequence[InstanceSample] = ()
+    ) -> None:
         self.script[now_ms] = Observations(now_ms, tuple(samples), tuple(reports))
 
     def gather(self, now_ms: int) -> Observations:
@@ -72,6 +76,7 @@ class Sent:
     fence: Fence
     now_ms: int
     committed_entries: int
+    delivered: bool = False
 
 
 @dataclass
@@ -85,7 +90,8 @@ class RecordingAdapter:
     violations: list[str] = field(default_factory=list)
 
     def send(self, cluster_id: ClusterId, command: AdapterCommand, fence: Fence, now_ms: int) -> None:
-        self.sent.append(Sent(cluster_id, command, fence, now_ms, self.replicator.entries))
+        attempt = Sent(cluster_id, command, fence, now_ms, self.replicator.entries)
+        self.sent.append(attempt)
         inst = self.replicator.state.instances.get(command.instance.id)
         want = COMMITTED_STATE[command.action]
         have = None if inst is None else inst.state
@@ -96,6 +102,7 @@ class RecordingAdapter:
         error = self.fail(cluster_id, command)
         if error is not None:
             raise error
+        attempt.delivered = True
 
     def actions(self) -> list[tuple[str, str, str]]:
         return [(s.command.action, s.command.instance.id, s.cluster) for s in self.sent]
@@ -198,7 +205,8 @@ def test_commands_are_committed_before_they_are_sent_in_plan_order_with_fences()
 
     # t1: all three warm up (facts), and the surplus one is put to sleep (plan) in the same tick.
     t1 = T0 + 40_000
-    rg.source.at(t1, reports=[report(i, ev, T0 + 30_000 + k) for k, i in enumerate(ids) for ev in (E.START_WARMUP, E.WARMED)])
+    warmups = [report(i, ev, T0 + 30_000 + k) for k, i in enumerate(ids) for ev in (E.START_WARMUP, E.WARMED)]
+    rg.source.at(t1, reports=warmups)
     rep = rg.loop.tick(t1)
     assert rep.facts == 6 and rep.sent == 1
     assert actionable(rep.plan) == [("sleep", ids[0])]
@@ -259,7 +267,9 @@ def test_without_authority_the_loop_gathers_and_filters_but_neither_commits_nor_
     assert rg.replicator.entries == entries
     assert rg.state.instances["r1"].state is S.READY  # neither the WORK sample nor the LOST report committed
     assert rg.adapter.sent == []
-    assert rg.loop.statistics() == LoopStatistics(ticks=1, commits=0, commands_sent=0, send_failures=0, stale_rejections=0)
+    assert rg.loop.statistics() == LoopStatistics(
+        ticks=1, commits=0, commands_sent=0, send_failures=0, stale_rejections=0
+    )
 
 
 # --- undeliverable commands -----------------------------------------------------------------------
@@ -316,6 +326,32 @@ def test_a_stale_epoch_stops_sending_for_the_rest_of_the_tick() -> None:
     assert [i.id for i in rg.state.instances.values()] == ids
     assert rg.loop.tick(T0 + TICK_MS).facts == 0
     assert [i.id for i in rg.state.instances.values()] == ids
+
+
+def test_an_undeliverable_drain_is_delivered_once_the_cluster_is_back() -> None:
+    outage = [True]
+    rg = rig(
+        setup(min_replicas=2),
+        fail=lambda cluster, cmd: Unavailable("down") if outage[0] and cmd.action == "drain" else None,
+    )
+    a, b = f"chat-{T0}-0", f"chat-{T0}-1"
+    rg.loop.tick(T0)
+    rg.source.at(T0 + 1_000, reports=[report(i, ev, T0 + 500) for i in (a, b) for ev in (E.START_WARMUP, E.WARMED)])
+    rg.loop.tick(T0 + 1_000)
+    rg.commit(chat(1))
+    rep = rg.loop.tick(T0 + 2_000)
+    (drained,) = [i for action, i in actionable(rep.plan) if action == "drain"]
+    assert rep.send_failures == 1
+    outage[0] = False
+
+    # The cluster is reachable again; a delivered drain completes (DRAINED) by the next tick. Two
+    # minutes (twice the scale-in grace) later the instance must be gone.
+    for k in range(1, 25):
+        now = T0 + 2_000 + 5_000 * k
+        done = [s.command.instance.id for s in rg.adapter.sent if s.delivered and s.command.action == "drain"]
+        rg.source.at(now, reports=[report(i, E.DRAINED, now - 1) for i in done if i in rg.state.instances])
+        rg.loop.tick(now)
+    assert drained not in rg.state.instances, rg.state.instances[drained]
 
 
 # --- transition records: logs and metrics ---------------------------------------------------------
