@@ -104,3 +104,39 @@ def check_fence(highest_epoch: int, highest_holder: str, epoch: int, holder: str
             False, highest_epoch, highest_holder, f"epoch {epoch} already belongs to {highest_holder}, not {holder}"
         )
     return FenceCheck(True, epoch, holder, "accepted")
+
+
+# --- replicated lease commands (applied by raft/fsm.py, encoded by raft/codec.py) -----------------
+
+
+@dataclass(frozen=True, slots=True)
+class AcquireLease:
+    node: str
+    expected_version: int
+    duration_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class RenewLease:
+    node: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseLease:
+    node: str
+    epoch: int
+
+
+LeaseCommand = AcquireLease | RenewLease | ReleaseLease
+
+
+def apply_lease(rec: LeaseRecord, cmd: LeaseCommand, log_index: int) -> LeaseOutcome:
+    """Apply a lease command at ``log_index`` (the index of the entry carrying it). Total."""
+    if isinstance(cmd, AcquireLease):
+        return acquire(rec, cmd.node, cmd.expected_version, log_index, cmd.duration_ms)
+    if isinstance(cmd, RenewLease):
+        return renew(rec, cmd.node, cmd.epoch)
+    if isinstance(cmd, ReleaseLease):
+        return release(rec, cmd.node, cmd.epoch)
+    return LeaseOutcome(False, rec, f"unknown lease command {type(cmd).__name__}")
