@@ -29,3 +29,7 @@ test-all: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
+
+# Regenerate the gRPC modules from proto/ (generated code is committed; tests check it is current).
+proto: $(STAMP)
+	$(BIN)/python -m controlplane.api.protogen

@@ -1,0 +1,1 @@
+"""The gRPC API: generated protocol modules (``v1``) and the servicers."""
