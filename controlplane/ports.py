@@ -36,6 +36,8 @@ class Fence:
 
     epoch: int
     seq: int
+    holder: str = ""
+    """The lease holder's node id: an adapter rejects an equal epoch from another holder."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +60,12 @@ class ClusterAdapter(Protocol):
     """The per-cluster side. ``send`` raises Unavailable (cannot reach) or StaleEpoch (fenced)."""
 
     def send(self, cluster_id: ClusterId, command: AdapterCommand, fence: Fence, now_ms: int) -> None: ...
+
+
+class FencedAdapter(ClusterAdapter, Protocol):
+    """An adapter that also takes a bare fence (a no-op carrying the epoch)."""
+
+    def fence(self, cluster_id: ClusterId, fence: Fence, now_ms: int) -> None: ...
 
 
 class ObservationSource(Protocol):

@@ -1,0 +1,1 @@
+"""Test-only helpers (fault injection, process harnesses). Never imported by production code."""
