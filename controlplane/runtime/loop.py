@@ -73,7 +73,9 @@ class ControlLoop:
         rng: random.Random,
         authority: Callable[[int], int | None] = lambda now_ms: 1,
         config: reconcile.ReconcileConfig | None = None,
+        holder: str = "",
     ) -> None:
+        self._holder = holder
         self._replicator = replicator
         self._adapter = adapter
         self._source = source
@@ -93,8 +95,10 @@ class ControlLoop:
 
     def tick(self, now_ms: int) -> TickReport:
         self._stats["ticks"] += 1
-        obs = self._source.gather(now_ms)  # gather
         epoch = self._authority(now_ms)
+        if epoch is not None and not self._fence(epoch, now_ms):
+            epoch = None  # a newer epoch exists somewhere: do not act
+        obs = self._source.gather(now_ms)  # gather (after fencing: the state read is post-fence)
         state = self._replicator.state
         filtered, loads = self._filter(state, obs, now_ms)
         if epoch is None:
@@ -102,6 +106,7 @@ class ControlLoop:
         facts = reconcile.facts(state, obs, self._failures, now_ms, self._cfg, self._rng)
         self._failures = []
         self._commit(facts, now_ms)
+        state = self._replicator.state  # a replicated state may be a copy: read it again
         plan = reconcile.plan(state, filtered, loads, now_ms, self._cfg)  # decide
         before = {cmd.instance_id: state.instances.get(cmd.instance_id) for cmd in plan.commands
                   if isinstance(cmd, c.TransitionInstance)}
@@ -109,6 +114,27 @@ class ControlLoop:
         outgoing = self._retries(state, now_ms) + self._adapter_commands(plan.commands, result, before, epoch)
         sent, failed = self._send(outgoing, epoch, now_ms)
         return TickReport(now_ms, True, plan, len(facts), sent, failed)
+
+    def _fence(self, epoch: int, now_ms: int) -> bool:
+        """Send a bare fence with ``epoch`` to every cluster's adapter (adapters that support it).
+
+        A new lease holder does this before anything else, so that commands of older epochs are
+        refused before it reads the state it acts on; the holder repeats it every tick so adapters
+        learn a new epoch at once. False if an adapter knows a newer epoch (this node must not act).
+        """
+        fence = getattr(self._adapter, "fence", None)
+        if fence is None:
+            return True
+        for cid in sorted(self._replicator.state.clusters):
+            self._seq += 1
+            try:
+                fence(cid, Fence(epoch, self._seq, self._holder), now_ms)
+            except StaleEpoch:
+                self._stats["stale_rejections"] += 1
+                return False
+            except TemporaryError:
+                self._stats["send_failures"] += 1  # that cluster's commands will fail and feed its breaker
+        return True
 
     def _commit(self, commands: Sequence[c.Command], now_ms: int) -> ApplyResult:
         if not commands:
@@ -173,7 +199,7 @@ class ControlLoop:
         for cmd in outgoing:
             self._seq += 1
             try:
-                self._adapter.send(cmd.instance.cluster, cmd, Fence(epoch, self._seq), now_ms)
+                self._adapter.send(cmd.instance.cluster, cmd, Fence(epoch, self._seq, self._holder), now_ms)
                 sent += 1
                 self._undelivered.pop(cmd.request_id, None)
             except StaleEpoch:

@@ -414,3 +414,40 @@ def test_the_recorder_uses_the_default_structlog_logger() -> None:
     }]
     labels = {"from_state": "Ready", "to_state": "Draining", "init_method": "warm"}
     assert registry.get_sample_value(f"{TRANSITIONS_METRIC}_total", labels) == 1.0
+
+
+@dataclass
+class FencingAdapter(RecordingAdapter):
+    """A RecordingAdapter that also takes bare fences and enforces the highest epoch, like
+    adapters.service.FencingGuard."""
+
+    fences: list[tuple[ClusterId, Fence]] = field(default_factory=list)
+    highest: int = 0
+
+    def fence(self, cluster_id: ClusterId, fence: Fence, now_ms: int) -> None:
+        if fence.epoch < self.highest:
+            raise StaleEpoch(fence.epoch, self.highest)
+        self.highest = fence.epoch
+        self.fences.append((cluster_id, fence))
+
+
+def test_every_acting_tick_fences_every_adapter_before_sending() -> None:
+    r = rig(setup(clusters=(("c1", "z1", 8), ("c2", "z2", 8)), min_replicas=2))
+    adapter = FencingAdapter(r.replicator)
+    loop = ControlLoop(r.replicator, adapter, r.source, rng=random.Random(5), authority=lambda now: 11, holder="n2")
+    loop.tick(1_000)
+    assert [(cid, f.epoch, f.holder) for cid, f in adapter.fences] == [("c1", 11, "n2"), ("c2", 11, "n2")]
+    # Fences come first: their sequence numbers precede the commands'.
+    assert max(f.seq for _, f in adapter.fences) < min(s.fence.seq for s in adapter.sent)
+    assert all(s.fence.holder == "n2" for s in adapter.sent) and len(adapter.sent) == 2
+
+
+def test_a_holder_whose_fence_is_refused_does_not_act() -> None:
+    r = rig(setup(min_replicas=2))
+    adapter = FencingAdapter(r.replicator, highest=12)  # a newer holder fenced this adapter already
+    loop = ControlLoop(r.replicator, adapter, r.source, rng=random.Random(5), authority=lambda now: 11, holder="n1")
+    entries = r.replicator.entries
+    report = loop.tick(1_000)
+    assert not report.acted and adapter.sent == []
+    assert r.replicator.entries == entries  # nothing committed either
+    assert loop.statistics().stale_rejections == 1
