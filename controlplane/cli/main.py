@@ -40,12 +40,33 @@ def _parser() -> argparse.ArgumentParser:
     bar.add_argument("--no-progress", dest="progress", action="store_false")
 
     sub.add_parser("demo", help="run the built-in multi-tenant demo scenario and print its summary")
+
+    coord = sub.add_parser("coordinator", help="run one coordinator (Raft member, lease, control loop, gRPC API)")
+    coord.add_argument("--config", required=True, metavar="FILE", help="coordinator YAML (CONTROLPLANE_* env overrides)")
+
+    up = sub.add_parser("up", help="start a local group of coordinators on 127.0.0.1 (Ctrl-C stops it)")
+    up.add_argument("--nodes", type=int, default=3, help="coordinators, one per simulated zone (default 3)")
+    up.add_argument("--dir", metavar="DIR", help="where configs and data go (default: a new temporary folder)")
+    up.add_argument("--json", action="store_true", help="print the endpoints as one JSON object")
+
+    st = sub.add_parser("status", help="print the status of coordinators")
+    st.add_argument("--endpoints", required=True, metavar="HOST:PORT,...", help="API endpoints")
+    st.add_argument("--json", action="store_true")
+    st.add_argument("--timeout", type=float, default=3.0, help="per-endpoint deadline in seconds")
+
+    ad = sub.add_parser("adapter", help="run a recording cluster adapter that enforces fencing (no Kubernetes)")
+    ad.add_argument("--cluster", required=True)
+    ad.add_argument("--listen", required=True, metavar="HOST:PORT")
+    ad.add_argument("--state-dir", required=True, metavar="DIR", help="where the highest epoch is persisted")
+    ad.add_argument("--record", required=True, metavar="FILE", help="accepted commands, one JSON line each")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if args.command in _SERVICE_COMMANDS:
+            return _SERVICE_COMMANDS[args.command](args)
         if args.command == "demo":
             return _simulate(argparse.Namespace(
                 scenario=None, trace=None, seed=None, json=False, plot=None, events=None, progress=None,
@@ -58,6 +79,81 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("controlplane: interrupted", file=sys.stderr)
         return 130
+
+
+def _coordinator(args: argparse.Namespace) -> int:
+    from controlplane.config import load_config
+    from controlplane.coordinator import Coordinator, clusters_from
+
+    cfg = load_config(args.config)
+    node = Coordinator(cfg, clusters_from(cfg.clusters))
+    stopped = _on_signals(node.stop)
+    node.start()
+    stopped.wait()
+    return 0
+
+
+def _up(args: argparse.Namespace) -> int:
+    from controlplane.cli.up import MAX_NODES, run_up
+
+    if not 1 <= args.nodes <= MAX_NODES:
+        raise ControlPlaneError(f"--nodes: must be between 1 and {MAX_NODES}, got {args.nodes}")
+    return run_up(args.nodes, args.json, args.dir)
+
+
+def _status(args: argparse.Namespace) -> int:
+    import json
+
+    from controlplane.api.admin import fetch_status
+
+    endpoints = [e.strip() for e in args.endpoints.split(",") if e.strip()]
+    if not endpoints:
+        raise ControlPlaneError("--endpoints: give at least one HOST:PORT")
+    nodes = fetch_status(endpoints, args.timeout)
+    if args.json:
+        print(json.dumps(nodes, indent=2, sort_keys=True))
+    else:
+        for n in nodes:
+            if not n["reachable"]:
+                print(f"{n['endpoint']:21} unreachable ({n['error']})")
+                continue
+            lease = n["lease"]
+            print(f"{n['endpoint']:21} {n['node_id']:10} {n['zone']:6} {n['role']:9} term {n['term']:<4} "
+                  f"leader {n['leader_id'] or '-':10} lease {lease['holder'] or '-'}@{lease['epoch']} "
+                  f"({lease['remaining_ms']} ms left here) commit {n['commit_index']} applied {n['applied_index']}")
+    return 0 if all(n["reachable"] for n in nodes) else 1
+
+
+def _adapter(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from adapters.service import RecordingBackend, serve_adapter
+
+    record = Path(args.record)
+    record.parent.mkdir(parents=True, exist_ok=True)
+    server = serve_adapter(args.cluster, args.listen, Path(args.state_dir), RecordingBackend(record))
+    stopped = _on_signals(lambda: server.stop(0.5))
+    stopped.wait()
+    return 0
+
+
+def _on_signals(stop):
+    """Call ``stop`` once on SIGTERM or SIGINT; returns an event set when it has run."""
+    import signal
+    import threading
+
+    done = threading.Event()
+
+    def handler(signum, frame):
+        if not done.is_set():
+            threading.Thread(target=lambda: (stop(), done.set()), daemon=True).start()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    return done
+
+
+_SERVICE_COMMANDS = {"coordinator": _coordinator, "up": _up, "status": _status, "adapter": _adapter}
 
 
 def _simulate(args: argparse.Namespace) -> int:

@@ -1,0 +1,151 @@
+"""A coordinator process: one Raft member, its lease guard, the control loop and the gRPC API.
+
+This is the composition root for real processes (the simulator composes the same loop with
+in-process parts). Threads (see ``docs/concurrency.md``): pysyncobj's tick thread (owned by
+``RaftNode``), the lease guard, the control loop, and gRPC's worker pool.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import structlog
+from prometheus_client import CollectorRegistry
+
+from adapters.service import RemoteAdapter
+from controlplane.api.admin import ApiServer, NodeStatus, PeerStatus, serve
+from controlplane.config import CoordinatorConfig
+from controlplane.domain import commands as c
+from controlplane.domain.errors import ControlPlaneError, TemporaryError
+from controlplane.domain.observations import Observations
+from controlplane.domain.topology import Cluster
+from controlplane.runtime.lease_guard import LeaseGuard
+from controlplane.runtime.loop import ControlLoop
+from controlplane.runtime.transitions import TransitionRecorder
+from raft.node import RaftNode
+from raft.replicator import RaftReplicator
+
+log = structlog.get_logger("controlplane.coordinator")
+
+
+class NoObservations:
+    """Observation source until the adapters stream samples (next issue): no load, no reports."""
+
+    def gather(self, now_ms: int) -> Observations:
+        return Observations(now_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """Clusters this group manages and where their adapters listen (from the configuration)."""
+
+    clusters: tuple[Cluster, ...] = ()
+    adapters: Mapping[str, str] | None = None
+
+
+class Coordinator:
+    def __init__(self, cfg: CoordinatorConfig, topology: Topology = Topology(), *, node_class=None) -> None:
+        self.cfg = cfg
+        self.topology = topology
+        self.node = RaftNode(cfg, node_class=node_class)
+        self.guard = LeaseGuard(self.node, cfg)
+        self.registry = CollectorRegistry()
+        self.replicator = RaftReplicator(self.node, cfg, fence=self.guard.fence,
+                                         on_transitions=TransitionRecorder(self.registry).record)
+        self.adapter = RemoteAdapter(dict(topology.adapters or {}))
+        self.loop = ControlLoop(
+            self.replicator, self.adapter, NoObservations(), rng=random.Random(),
+            authority=self.guard.authority, holder=cfg.node_id,
+        )
+        self.api: ApiServer | None = None
+        self._stop = threading.Event()
+        self._loop_thread: threading.Thread | None = None
+        self._bootstrapped_epoch: int | None = None
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        self.node.start()
+        self.guard.start()
+        self.api = serve(self.cfg.api_address, self.status)
+        self._loop_thread = threading.Thread(target=self._run_loop, name=f"control-loop-{self.cfg.node_id}", daemon=True)
+        self._loop_thread.start()
+        log.info("coordinator_started", node_id=self.cfg.node_id, zone=self.cfg.zone,
+                 raft=self.cfg.raft_address, api=self.cfg.api_address, pid=os.getpid())
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._loop_thread is not None:
+            self._loop_thread.join(5.0)
+        if self.api is not None:
+            self.api.stop(0.5)
+        self.guard.stop(release=True)
+        self.node.stop()
+        log.info("coordinator_stopped", node_id=self.cfg.node_id)
+
+    def wait(self) -> None:
+        while not self._stop.wait(0.5):
+            pass
+
+    # --- the control loop thread -------------------------------------------------------------------
+    def _run_loop(self) -> None:
+        period_s = self.cfg.tick_ms / 1000
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            now_ms = self.node.clock_ms()
+            try:
+                self._bootstrap(now_ms)
+                self.loop.tick(now_ms)
+            except TemporaryError as exc:  # not leader any more, commit timed out...: next tick decides
+                log.info("tick_skipped", reason=type(exc).__name__, detail=str(exc))
+            except ControlPlaneError as exc:
+                log.error("tick_failed", error=str(exc))
+            next_at += period_s
+            self._stop.wait(max(0.0, next_at - time.monotonic()))
+            next_at = max(next_at, time.monotonic() - period_s)  # never try to catch up a backlog
+
+    def _bootstrap(self, now_ms: int) -> None:
+        """Once per epoch, the holder upserts the configured clusters (idempotent PutCluster)."""
+        epoch = self.guard.authority(now_ms)
+        if epoch is None or epoch == self._bootstrapped_epoch or not self.topology.clusters:
+            return
+        state = self.replicator.state
+        missing = [cl for cl in self.topology.clusters if state.clusters.get(cl.id) != cl]
+        if missing:
+            self.replicator.commit([c.PutCluster(cl) for cl in missing], now_ms)
+        self._bootstrapped_epoch = epoch
+
+    # --- status ----------------------------------------------------------------------------------
+    def status(self) -> NodeStatus:
+        raft = self.node.status()
+        lease = self.guard.statistics()
+        now = self.node.clock_ms()
+        holding = lease.epoch is not None and self.guard.authority(now) is not None
+        rec, _ = self.node.lease_view()
+        members = {m.node_id: m for m in self.cfg.members()}
+        peers = tuple(
+            PeerStatus(pid, members[pid].zone if pid in members else "", members[pid].raft_address if pid in members else pid,
+                       members[pid].api_address if pid in members else "", reachable)
+            for pid, reachable in raft.peers
+        )
+        return NodeStatus(
+            node_id=self.cfg.node_id, zone=self.cfg.zone, role=raft.role, term=raft.term,
+            leader_id=raft.leader_id or "", lease_holder=rec.holder, lease_epoch=rec.epoch,
+            lease_remaining_ms=max(0, lease.valid_until_ms - now) if holding else 0,
+            commit_index=raft.commit_index, applied_index=raft.applied_index,
+            raft_address=self.cfg.raft_address, api_address=self.cfg.api_address, peers=peers,
+        )
+
+
+def clusters_from(spec: Sequence[Mapping[str, object]]) -> Topology:
+    clusters, adapters = [], {}
+    for item in spec:
+        cl = Cluster(str(item["id"]), str(item["zone"]), str(item.get("region", "local")), dict(item.get("capacity", {})))
+        clusters.append(cl)
+        if item.get("adapter_address"):
+            adapters[cl.id] = str(item["adapter_address"])
+    return Topology(tuple(clusters), adapters)
