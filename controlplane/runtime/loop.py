@@ -197,6 +197,8 @@ class ControlLoop:
     def _send(self, outgoing: Sequence[AdapterCommand], epoch: int, now_ms: int) -> tuple[int, int]:
         sent = failed = 0
         for cmd in outgoing:
+            if self._authority(now_ms) != epoch:
+                break  # the lease lapsed during this tick (a slow commit, a pause): stop at once
             self._seq += 1
             try:
                 self._adapter.send(cmd.instance.cluster, cmd, Fence(epoch, self._seq, self._holder), now_ms)

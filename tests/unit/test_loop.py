@@ -451,3 +451,18 @@ def test_a_holder_whose_fence_is_refused_does_not_act() -> None:
     assert not report.acted and adapter.sent == []
     assert r.replicator.entries == entries  # nothing committed either
     assert loop.statistics().stale_rejections == 1
+
+
+def test_authority_is_checked_again_before_every_send() -> None:
+    """A lease that lapses between the tick's check and its sends (a slow commit, a pause) stops
+    the sends at once: only commands sent while the lease was still valid go out."""
+    calls = {"n": 0}
+
+    def authority(now_ms: int) -> int | None:
+        calls["n"] += 1
+        return EPOCH if calls["n"] <= 2 else None  # the tick's check and the first send only
+
+    r = rig(setup(min_replicas=3), authority=authority)
+    r.loop.tick(1_000)
+    assert len(r.adapter.sent) == 1
+    assert len([i for i in r.state.instances.values()]) == 3  # committed, not all sent
