@@ -1,0 +1,355 @@
+"""Coordinator configuration: one YAML file plus ``CONTROLPLANE_<FIELD>`` environment overrides.
+
+:func:`load_config` is the only way production code should build a :class:`CoordinatorConfig`; it
+turns every problem into one :class:`ConfigError` whose message names the file and the field::
+
+    /etc/controlplane/node-a.yaml: lease_duration_ms: holder validity ... must not exceed ...
+
+Environment overrides (applied on top of the file, before validation): ``CONTROLPLANE_`` followed
+by the upper-cased field name, e.g. ``CONTROLPLANE_NODE_ID=coord-b``,
+``CONTROLPLANE_LEASE_DURATION_MS=2000``, ``CONTROLPLANE_PASSWORD=...``,
+``CONTROLPLANE_DATA_DIR=/var/lib/cp``. ``CONTROLPLANE_PEERS`` takes a JSON list of peer objects. An
+empty value counts as set (and usually fails validation), so unset a variable to drop an override.
+
+Timing rules (cross-field, all in milliseconds; ``V = lease_duration*(1-drift_rho) - lease_margin``
+is how long a holder may act after *sending* a successful renewal):
+
+* pysyncobj: ``raft_min_timeout > 3*append_entries_period`` and ``raft_max_timeout > raft_min_timeout``.
+* blunt check-quorum: ``append_entries_period < leader_fallback_timeout <= raft_min_timeout``. A
+  leader cut off from a majority then steps down before any follower can elect a new leader
+  (PYSYNCOBJ.md measured 0 s dual-leader overlap with this).
+* ``3*lease_renew <= lease_duration``: at least three renewal attempts per lease period.
+* ``V > 2*lease_renew``: renewals are sent every ``lease_renew`` and each attempt is bounded by
+  ``lease_renew`` (see ``controlplane/runtime/lease_guard.py``), so a renewal sent one period after a
+  successful one completes, or gives up, at most ``2*lease_renew`` after it, while the lease from
+  the earlier renewal is still valid. One slow or lost renewal therefore never opens a gap.
+* ``V <= step_down_timeout`` and ``leader_fallback_timeout <= step_down_timeout``: the step-down
+  timeout is the longest an isolated coordinator may keep acting (as lease holder) or keep
+  believing it is the Raft leader.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
+from pydantic import ValidationError as PydanticValidationError
+
+from controlplane.domain.errors import PermanentError
+from controlplane.domain.ids import id_problem
+
+ENV_PREFIX = "CONTROLPLANE_"
+MIN_PASSWORD_LEN = 16
+PASSWORD_REQUIRED = "required: pysyncobj pickles its wire messages, so Raft traffic must be encrypted"
+
+_HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
+
+
+class ConfigError(PermanentError):
+    """The configuration cannot be used. ``file`` and ``field`` locate the problem."""
+
+    def __init__(self, message: str, *, file: str = "", field: str = "") -> None:
+        super().__init__(message)
+        self.file = file
+        self.field = field
+
+
+def address_problem(value: object) -> str | None:
+    """Why ``value`` is not a ``host:port`` address, or None."""
+    if not isinstance(value, str):
+        return f"must be a 'host:port' string, got {type(value).__name__}"
+    host, sep, port = value.rpartition(":")
+    if not sep or not host:
+        return f"{value!r} is not 'host:port'"
+    if not _HOST_RE.fullmatch(host):
+        return f"{value!r}: host {host!r} is not a valid host name or IPv4 address"
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        return f"{value!r}: port must be an integer between 1 and 65535"
+    return None
+
+
+def _check_id(value: str) -> str:
+    problem = id_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+def _check_address(value: str) -> str:
+    problem = address_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+class PeerConfig(BaseModel):
+    """Another coordinator of the same cluster."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    node_id: str
+    zone: str
+    raft_address: str
+    api_address: str
+
+    _id = field_validator("node_id", "zone")(_check_id)
+    _addr = field_validator("raft_address", "api_address")(_check_address)
+
+
+class CoordinatorConfig(BaseModel):
+    """Everything one coordinator process needs. Times are integer milliseconds."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    node_id: str
+    zone: str
+    raft_address: str
+    """``host:port`` this node's Raft transport binds to; it is also the node's pysyncobj identity."""
+    api_address: str
+    """``host:port`` of this node's gRPC API (used by the API server and as the NotLeader hint)."""
+    peers: list[PeerConfig] = Field(default_factory=list)
+    """The other members (not this node)."""
+    data_dir: Path
+    """Raft journal, its ``.meta`` and the snapshot file live here. Must be local disk."""
+    password: SecretStr | None = None
+    """Raft transport encryption key (mandatory, at least 16 characters). Or ``password_file``."""
+    password_file: Path | None = None
+
+    raft_min_timeout_ms: int = Field(150, gt=0)
+    raft_max_timeout_ms: int = Field(450, gt=0)
+    append_entries_period_ms: int = Field(40, gt=0)
+    leader_fallback_timeout_ms: int = Field(140, gt=0)
+    connection_retry_ms: int = Field(200, gt=0)
+    lease_duration_ms: int = Field(1200, gt=0)
+    lease_renew_ms: int = Field(250, gt=0)
+    lease_margin_ms: int = Field(100, ge=0)
+    drift_rho: float = Field(0.01, ge=0.0, lt=0.5)
+    step_down_timeout_ms: int = Field(2000, gt=0)
+    commit_timeout_ms: int = Field(1000, gt=0)
+    tick_ms: int = Field(250, gt=0)
+    fsync: Literal["none", "entry"] = "entry"
+    """``entry``: every journal append and every term/vote change is fsync'ed before pysyncobj acts
+    on it (Raft-correct durability, see docs/lease.md "Durability"). ``none``: pysyncobj's own
+    behaviour (page cache only: survives kill -9, not power loss)."""
+    log_compaction_min_entries: int = Field(5000, ge=2)
+    log_compaction_min_time_ms: int = Field(300_000, gt=0)
+    raft_queue_size: int = Field(10_000, gt=0)
+    """Bound on commands queued inside pysyncobj (QueueFull beyond)."""
+
+    _id = field_validator("node_id", "zone")(_check_id)
+    _addr = field_validator("raft_address", "api_address")(_check_address)
+
+    @field_validator("password")
+    @classmethod
+    def _password_len(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < MIN_PASSWORD_LEN:
+            raise ValueError(f"must be at least {MIN_PASSWORD_LEN} characters")
+        return value
+
+    @field_validator("data_dir")
+    @classmethod
+    def _data_dir_usable(cls, value: Path) -> Path:
+        problem = data_dir_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> CoordinatorConfig:
+        self._resolve_password()
+        for field, problem in cross_field_problems(self):
+            raise ValueError(f"{field}: {problem}")
+        return self
+
+    def _resolve_password(self) -> None:
+        if self.password is not None and self.password_file is not None:
+            raise ValueError("password: set either password or password_file, not both")
+        if self.password is None and self.password_file is not None:
+            try:
+                text = self.password_file.read_text(encoding="utf-8").rstrip("\r\n")
+            except OSError as exc:
+                raise ValueError(f"password_file: cannot read {str(self.password_file)!r}: {exc.strerror}") from exc
+            if len(text) < MIN_PASSWORD_LEN:
+                raise ValueError(
+                    f"password_file: the password in {str(self.password_file)!r} must be at least "
+                    f"{MIN_PASSWORD_LEN} characters"
+                )
+            object.__setattr__(self, "password", SecretStr(text))
+        if self.password is None:
+            raise ValueError(f"password: {PASSWORD_REQUIRED}")
+
+    # --- convenience views ----------------------------------------------------------------------
+
+    @property
+    def holder_validity_ms(self) -> int:
+        """How long a holder may act after sending a successful renewal (``V``)."""
+        return int(self.lease_duration_ms * (1.0 - self.drift_rho)) - self.lease_margin_ms
+
+    def members(self) -> list[PeerConfig]:
+        """All configured members, this node first."""
+        me = PeerConfig(
+            node_id=self.node_id, zone=self.zone, raft_address=self.raft_address, api_address=self.api_address
+        )
+        return [me, *self.peers]
+
+    def member_by_address(self, raft_address: str) -> PeerConfig | None:
+        return next((m for m in self.members() if m.raft_address == raft_address), None)
+
+    def member_by_id(self, node_id: str) -> PeerConfig | None:
+        return next((m for m in self.members() if m.node_id == node_id), None)
+
+
+def data_dir_problem(path: Path) -> str | None:
+    """Create ``path`` if needed and prove it is writable; return the problem or None."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"cannot create {str(path)!r}: {exc.strerror or exc}"
+    if not path.is_dir():
+        return f"{str(path)!r} is not a directory"
+    try:
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".probe-", delete=True) as f:
+            f.write(b"ok")
+            f.flush()
+    except OSError as exc:
+        return f"{str(path)!r} is not writable: {exc.strerror or exc}"
+    return None
+
+
+def cross_field_problems(cfg: CoordinatorConfig) -> list[tuple[str, str]]:
+    """Relations between fields, in a fixed order; each problem names the field to change."""
+    out: list[tuple[str, str]] = []
+    aep, rmin, rmax = cfg.append_entries_period_ms, cfg.raft_min_timeout_ms, cfg.raft_max_timeout_ms
+    lft, step = cfg.leader_fallback_timeout_ms, cfg.step_down_timeout_ms
+    if rmin <= 3 * aep:
+        out.append(("raft_min_timeout_ms", f"{rmin} must exceed 3*append_entries_period_ms = {3 * aep} (pysyncobj)"))
+    if rmax <= rmin:
+        out.append(("raft_max_timeout_ms", f"{rmax} must exceed raft_min_timeout_ms = {rmin}"))
+    if not aep < lft <= rmin:
+        out.append((
+            "leader_fallback_timeout_ms",
+            f"{lft} must be above append_entries_period_ms = {aep} and at most raft_min_timeout_ms = {rmin}, "
+            "so that an isolated leader steps down before a new one can be elected",
+        ))
+    if lft > step:
+        out.append((
+            "leader_fallback_timeout_ms",
+            f"{lft} exceeds step_down_timeout_ms = {step}: an isolated leader would stay leader too long",
+        ))
+    if 3 * cfg.lease_renew_ms > cfg.lease_duration_ms:
+        out.append((
+            "lease_renew_ms",
+            f"3*{cfg.lease_renew_ms} exceeds lease_duration_ms = {cfg.lease_duration_ms}: renew at least 3 times per lease",
+        ))
+    v = cfg.holder_validity_ms
+    if v <= 2 * cfg.lease_renew_ms:
+        out.append((
+            "lease_duration_ms",
+            f"holder validity lease_duration*(1-drift_rho)-lease_margin = {v} must exceed 2*lease_renew_ms = "
+            f"{2 * cfg.lease_renew_ms}, so a renewal can complete before the previous one expires",
+        ))
+    if v > step:
+        out.append((
+            "lease_duration_ms",
+            f"lease longer than the step-down timeout allows: holder validity {v} exceeds step_down_timeout_ms = {step}",
+        ))
+    out.extend(_uniqueness_problems(cfg))
+    return out
+
+
+def _uniqueness_problems(cfg: CoordinatorConfig) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    seen_ids: set[str] = set()
+    seen_addrs: set[str] = set()
+    for i, m in enumerate(cfg.members()):
+        where = "node_id" if i == 0 else f"peers[{i - 1}].node_id"
+        if m.node_id in seen_ids:
+            out.append((where, f"node id {m.node_id!r} is used twice"))
+        seen_ids.add(m.node_id)
+        for kind in ("raft_address", "api_address"):
+            addr = getattr(m, kind)
+            awhere = kind if i == 0 else f"peers[{i - 1}].{kind}"
+            if addr in seen_addrs:
+                out.append((awhere, f"address {addr!r} is used twice"))
+            seen_addrs.add(addr)
+    return out
+
+
+# --- loading ----------------------------------------------------------------------------------------
+
+
+def env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
+    """``CONTROLPLANE_<FIELD>`` values for known fields (peers as JSON)."""
+    out: dict[str, Any] = {}
+    for name in CoordinatorConfig.model_fields:
+        key = ENV_PREFIX + name.upper()
+        if key not in env:
+            continue
+        raw = env[key]
+        if name == "peers":
+            try:
+                out[name] = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{key}: peers must be a JSON list: {exc.msg}", field="peers") from exc
+        else:
+            out[name] = raw
+    return out
+
+
+def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> CoordinatorConfig:
+    """Read ``path`` (YAML mapping), apply env overrides, validate. Raises :class:`ConfigError`."""
+    p = Path(path)
+    env = os.environ if env is None else env
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read the configuration: {exc.strerror or exc}", file=str(p)) from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML: {exc}", file=str(p)) from exc
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping, got {type(raw).__name__}", file=str(p))
+    try:
+        data = {**raw, **env_overrides(env)}
+    except ConfigError as exc:
+        raise ConfigError(f"{p}: {exc}", file=str(p), field=exc.field) from exc
+    pf = data.get("password_file")
+    if isinstance(pf, str) and pf and not Path(pf).is_absolute():
+        data["password_file"] = str(p.parent / pf)
+    try:
+        return CoordinatorConfig.model_validate(data)
+    except PydanticValidationError as exc:
+        field, problem = _first_problem(exc)
+        raise ConfigError(f"{p}: {field}: {problem}" if field else f"{p}: {problem}", file=str(p), field=field) from exc
+
+
+def _first_problem(exc: PydanticValidationError) -> tuple[str, str]:
+    errors = exc.errors(include_url=False, include_input=False)
+    first = errors[0]
+    loc = ".".join(str(x) if not isinstance(x, int) else f"[{x}]" for x in first["loc"]).replace(".[", "[")
+    msg = str(first["msg"]).removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        msg = "unknown field"
+    elif first["type"] == "missing":
+        msg = PASSWORD_REQUIRED if loc == "password" else "required"
+    if not loc and ": " in msg:  # cross-field rules carry their field in the message
+        loc, msg = msg.split(": ", 1)
+    more = len(errors) - 1
+    if more:
+        msg += f" (and {more} more problem{'s' if more > 1 else ''})"
+    return loc, msg
