@@ -110,6 +110,36 @@ class PeerConfig(BaseModel):
     _addr = field_validator("raft_address", "api_address")(_check_address)
 
 
+class ClusterConfig(BaseModel):
+    """A cluster this group manages and the address of its adapter. The lease holder upserts these
+    into the replicated state once per epoch."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str
+    zone: str
+    region: str = "local"
+    capacity: dict[str, int] = Field(default_factory=dict)
+    """Schedulable GPUs per pool."""
+    adapter_address: str | None = None
+
+    _id = field_validator("id", "zone", "region")(_check_id)
+
+    @field_validator("adapter_address")
+    @classmethod
+    def _adapter(cls, value: str | None) -> str | None:
+        return value if value is None else _check_address(value)
+
+    @field_validator("capacity")
+    @classmethod
+    def _capacity(cls, value: dict[str, int]) -> dict[str, int]:
+        for pool, n in value.items():
+            _check_id(pool)
+            if n < 0:
+                raise ValueError(f"{pool}: must be >= 0, got {n}")
+        return value
+
+
 class CoordinatorConfig(BaseModel):
     """Everything one coordinator process needs. Times are integer milliseconds."""
 
@@ -149,6 +179,8 @@ class CoordinatorConfig(BaseModel):
     log_compaction_min_time_ms: int = Field(300_000, gt=0)
     raft_queue_size: int = Field(10_000, gt=0)
     """Bound on commands queued inside pysyncobj (QueueFull beyond)."""
+    clusters: list[ClusterConfig] = Field(default_factory=list)
+    """Clusters and their adapters (the same list on every member)."""
 
     _id = field_validator("node_id", "zone")(_check_id)
     _addr = field_validator("raft_address", "api_address")(_check_address)

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from adapters.service import RemoteAdapter
 from controlplane.api.admin import ApiServer, NodeStatus, PeerStatus, serve
-from controlplane.config import CoordinatorConfig
+from controlplane.config import ClusterConfig, CoordinatorConfig
 from controlplane.domain import commands as c
 from controlplane.domain.errors import ControlPlaneError, TemporaryError
 from controlplane.domain.observations import Observations
@@ -141,11 +141,6 @@ class Coordinator:
         )
 
 
-def clusters_from(spec: Sequence[Mapping[str, object]]) -> Topology:
-    clusters, adapters = [], {}
-    for item in spec:
-        cl = Cluster(str(item["id"]), str(item["zone"]), str(item.get("region", "local")), dict(item.get("capacity", {})))
-        clusters.append(cl)
-        if item.get("adapter_address"):
-            adapters[cl.id] = str(item["adapter_address"])
-    return Topology(tuple(clusters), adapters)
+def clusters_from(spec: Sequence[ClusterConfig]) -> Topology:
+    clusters = tuple(Cluster(s.id, s.zone, s.region, dict(s.capacity)) for s in spec)
+    return Topology(clusters, {s.id: s.adapter_address for s in spec if s.adapter_address})
