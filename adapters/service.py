@@ -18,7 +18,6 @@ import json
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,17 +78,27 @@ class Backend(Protocol):
 
 
 class RecordingBackend:
-    """Accepts every command and appends it as a JSON line to ``path`` (fsync'ed per line)."""
+    """Accepts every command and appends it as a JSON line to ``path`` (fsync'ed per line), together
+    with every accepted fence and every rejected (stale) attempt: the evidence fault tests read."""
 
     def __init__(self, path: Path) -> None:
         self._path = path
         self._lock = threading.Lock()
 
     def apply(self, request: adapter_pb2.ApplyRequest) -> None:
-        line = json.dumps({
-            "request_id": request.request_id, "action": request.action, "epoch": request.fence.epoch,
-            "seq": request.fence.seq, "holder": request.fence.holder, "instance_id": request.instance.instance_id,
-        }, sort_keys=True)
+        self._write({"request_id": request.request_id, "action": request.action, "epoch": request.fence.epoch,
+                     "seq": request.fence.seq, "holder": request.fence.holder,
+                     "instance_id": request.instance.instance_id, "accepted": True})
+
+    def fence(self, token: adapter_pb2.FenceToken) -> None:
+        self._write({"action": "fence", "epoch": token.epoch, "seq": token.seq, "holder": token.holder, "accepted": True})
+
+    def rejected(self, what: str, token: adapter_pb2.FenceToken, reason: str) -> None:
+        self._write({"action": what, "epoch": token.epoch, "seq": token.seq, "holder": token.holder,
+                     "accepted": False, "reason": reason})
+
+    def _write(self, record: dict[str, object]) -> None:
+        line = json.dumps(record, sort_keys=True)
         with self._lock, open(self._path, "a", encoding="utf-8") as f:
             f.write(line + "\n")
             f.flush()
@@ -97,17 +106,15 @@ class RecordingBackend:
 
 
 class AdapterServicer(adapter_pb2_grpc.ClusterAdapterServicer):
-    def __init__(self, cluster_id: str, guard: FencingGuard, backend: Backend,
-                 on_fence: Callable[[adapter_pb2.FenceToken], None] | None = None) -> None:
+    def __init__(self, cluster_id: str, guard: FencingGuard, backend: Backend) -> None:
         self._cluster_id = cluster_id
         self._guard = guard
         self._backend = backend
-        self._on_fence = on_fence
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._lock = threading.Lock()
         self.stale_rejected = 0
 
-    def _check(self, cluster_id: str, token: adapter_pb2.FenceToken, context: grpc.ServicerContext) -> None:
+    def _check(self, what: str, cluster_id: str, token: adapter_pb2.FenceToken, context: grpc.ServicerContext) -> None:
         if cluster_id != self._cluster_id:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"cluster_id: this adapter serves {self._cluster_id!r}, not {cluster_id!r}")
         try:
@@ -115,12 +122,16 @@ class AdapterServicer(adapter_pb2_grpc.ClusterAdapterServicer):
         except StaleEpoch as exc:
             with self._lock:
                 self.stale_rejected += 1
+            rejected = getattr(self._backend, "rejected", None)
+            if rejected is not None:
+                rejected(what, token, str(exc))
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
 
     def Fence(self, request: adapter_pb2.FenceRequest, context: grpc.ServicerContext) -> adapter_pb2.FenceReply:
-        self._check(request.cluster_id, request.fence, context)
-        if self._on_fence is not None:
-            self._on_fence(request.fence)
+        self._check("fence", request.cluster_id, request.fence, context)
+        record = getattr(self._backend, "fence", None)
+        if record is not None:
+            record(request.fence)
         return adapter_pb2.FenceReply(highest_epoch=self._guard.epoch, highest_holder=self._guard.holder)
 
     def Apply(self, request: adapter_pb2.ApplyRequest, context: grpc.ServicerContext) -> adapter_pb2.ApplyReply:
@@ -128,7 +139,7 @@ class AdapterServicer(adapter_pb2_grpc.ClusterAdapterServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"action: must be one of {', '.join(ADAPTER_ACTIONS)}, got {request.action!r}")
         if not request.request_id:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id: must not be empty")
-        self._check(request.cluster_id, request.fence, context)
+        self._check(request.action, request.cluster_id, request.fence, context)
         with self._lock:
             if request.request_id in self._seen:
                 return adapter_pb2.ApplyReply(applied=False, highest_epoch=self._guard.epoch)

@@ -181,6 +181,12 @@ class CoordinatorConfig(BaseModel):
     """Bound on commands queued inside pysyncobj (QueueFull beyond)."""
     clusters: list[ClusterConfig] = Field(default_factory=list)
     """Clusters and their adapters (the same list on every member)."""
+    raft_dial_overrides: dict[str, str] = Field(default_factory=dict)
+    """Fault injection (tests only): peer raft address -> 127.0.0.1:port to dial instead, e.g. a
+    per-link TCP proxy that can stall or drop the link. Empty in production."""
+    fault_act_delay_ms: int = Field(0, ge=0, le=10_000)
+    """Fault injection (tests only): pause between a tick's lease check and its first adapter call,
+    widening the check-to-send gap that a process pause can fall into. 0 in production."""
 
     _id = field_validator("node_id", "zone")(_check_id)
     _addr = field_validator("raft_address", "api_address")(_check_address)

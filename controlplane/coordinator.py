@@ -27,7 +27,7 @@ from controlplane.domain.topology import Cluster
 from controlplane.runtime.lease_guard import LeaseGuard
 from controlplane.runtime.loop import ControlLoop
 from controlplane.runtime.transitions import TransitionRecorder
-from raft.node import RaftNode
+from raft.node import RaftNode, dial_override_node_class
 from raft.replicator import RaftReplicator
 
 log = structlog.get_logger("controlplane.coordinator")
@@ -52,6 +52,8 @@ class Coordinator:
     def __init__(self, cfg: CoordinatorConfig, topology: Topology = Topology(), *, node_class=None) -> None:
         self.cfg = cfg
         self.topology = topology
+        if node_class is None and cfg.raft_dial_overrides:
+            node_class = dial_override_node_class(dict(cfg.raft_dial_overrides))
         self.node = RaftNode(cfg, node_class=node_class)
         self.guard = LeaseGuard(self.node, cfg)
         self.registry = CollectorRegistry()
@@ -60,7 +62,7 @@ class Coordinator:
         self.adapter = RemoteAdapter(dict(topology.adapters or {}))
         self.loop = ControlLoop(
             self.replicator, self.adapter, NoObservations(), rng=random.Random(),
-            authority=self.guard.authority, holder=cfg.node_id,
+            authority=self.guard.authority, holder=cfg.node_id, act_delay_s=cfg.fault_act_delay_ms / 1000,
         )
         self.api: ApiServer | None = None
         self._stop = threading.Event()

@@ -592,3 +592,22 @@ class RaftNode:
         """Ask pysyncobj to snapshot and truncate the log at its next tick."""
         if self._obj is not None:
             self._obj.forceLogCompaction()
+
+
+def dial_override_node_class(overrides: dict[str, str]) -> Callable[[str], TCPNode]:
+    """pysyncobj node objects whose identity is their real address but which are *dialed* at
+    ``overrides[address]`` when present (used to route each Raft link through a fault-injecting proxy
+    in tests: ``raft_dial_overrides`` in the configuration). Only loopback addresses are accepted."""
+    ports: dict[str, int] = {}
+    for address, dial in overrides.items():
+        host, _, port = dial.rpartition(":")
+        if host != "127.0.0.1" or not port.isdigit():
+            raise ConfigError(f"raft_dial_overrides: {dial!r} must be 127.0.0.1:port", field="raft_dial_overrides")
+        ports[address] = int(port)
+
+    class DialOverrideNode(TCPNode):
+        @property
+        def port(self) -> int:  # pysyncobj connects to (node.ip, node.port)
+            return ports.get(self.address, super().port)
+
+    return DialOverrideNode

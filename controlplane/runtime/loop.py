@@ -17,6 +17,7 @@ otherwise it gathers and filters but neither commits nor sends.
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -74,8 +75,11 @@ class ControlLoop:
         authority: Callable[[int], int | None] = lambda now_ms: 1,
         config: reconcile.ReconcileConfig | None = None,
         holder: str = "",
+        act_delay_s: float = 0.0,
     ) -> None:
         self._holder = holder
+        self._act_delay_s = act_delay_s
+        """Fault injection for process tests: a pause between the lease check and the first fence."""
         self._replicator = replicator
         self._adapter = adapter
         self._source = source
@@ -96,6 +100,8 @@ class ControlLoop:
     def tick(self, now_ms: int) -> TickReport:
         self._stats["ticks"] += 1
         epoch = self._authority(now_ms)
+        if epoch is not None and self._act_delay_s > 0:
+            time.sleep(self._act_delay_s)  # fault injection only (0 in production)
         if epoch is not None and not self._fence(epoch, now_ms):
             epoch = None  # a newer epoch exists somewhere: do not act
         obs = self._source.gather(now_ms)  # gather (after fencing: the state read is post-fence)
