@@ -73,7 +73,7 @@ class Coordinator:
     def start(self) -> None:
         self.node.start()
         self.guard.start()
-        self.api = serve(self.cfg.api_address, self.status)
+        self.api = serve(self.cfg.api_address, self.status, members=self)
         self._loop_thread = threading.Thread(target=self._run_loop, name=f"control-loop-{self.cfg.node_id}", daemon=True)
         self._loop_thread.start()
         log.info("coordinator_started", node_id=self.cfg.node_id, zone=self.cfg.zone,
@@ -120,6 +120,17 @@ class Coordinator:
         if missing:
             self.replicator.commit([c.PutCluster(cl) for cl in missing], now_ms)
         self._bootstrapped_epoch = epoch
+
+    # --- membership (Admin.AddMember / RemoveMember) ----------------------------------------------
+    def add_member(self, node_id: str, raft_address: str, api_address: str) -> int:
+        self.node.add_member(raft_address, node_id=node_id, api_address=api_address)
+        log.info("member_added", node_id=node_id, raft_address=raft_address)
+        return self.node.status().commit_index
+
+    def remove_member(self, raft_address: str) -> int:
+        self.node.remove_member(raft_address)
+        log.info("member_removed", raft_address=raft_address)
+        return self.node.status().commit_index
 
     # --- status ----------------------------------------------------------------------------------
     def status(self) -> NodeStatus:

@@ -54,6 +54,13 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true")
     st.add_argument("--timeout", type=float, default=3.0, help="per-endpoint deadline in seconds")
 
+    mem = sub.add_parser("members", help="add or remove a coordinator at run time (one change at a time)")
+    mem.add_argument("op", choices=("add", "remove"))
+    mem.add_argument("--endpoint", required=True, metavar="HOST:PORT", help="API of any member (leader hints are followed)")
+    mem.add_argument("--node-id", default="")
+    mem.add_argument("--raft-address", required=True, metavar="HOST:PORT")
+    mem.add_argument("--api-address", default="", metavar="HOST:PORT")
+
     ad = sub.add_parser("adapter", help="run a recording cluster adapter that enforces fencing (no Kubernetes)")
     ad.add_argument("--cluster", required=True)
     ad.add_argument("--listen", required=True, metavar="HOST:PORT")
@@ -153,7 +160,17 @@ def _on_signals(stop):
     return done
 
 
-_SERVICE_COMMANDS = {"coordinator": _coordinator, "up": _up, "status": _status, "adapter": _adapter}
+def _members(args: argparse.Namespace) -> int:
+    from controlplane.api.admin import change_member
+
+    if args.op == "add" and not (args.node_id and args.api_address):
+        raise ControlPlaneError("members add: --node-id and --api-address are required")
+    index = change_member(args.endpoint, args.op, args.node_id, args.raft_address, args.api_address)
+    print(f"{args.op} {args.node_id or args.raft_address}: committed at index {index}")
+    return 0
+
+
+_SERVICE_COMMANDS = {"coordinator": _coordinator, "up": _up, "status": _status, "adapter": _adapter, "members": _members}
 
 
 def _simulate(args: argparse.Namespace) -> int:

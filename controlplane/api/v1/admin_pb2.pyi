@@ -6,6 +6,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class MemberRequest(_message.Message):
+    __slots__ = ("node_id", "raft_address", "api_address")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    RAFT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    API_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    raft_address: str
+    api_address: str
+    def __init__(self, node_id: _Optional[str] = ..., raft_address: _Optional[str] = ..., api_address: _Optional[str] = ...) -> None: ...
+
+class MemberReply(_message.Message):
+    __slots__ = ("commit_index",)
+    COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    commit_index: int
+    def __init__(self, commit_index: _Optional[int] = ...) -> None: ...
+
 class StatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -39,6 +39,16 @@ class AdminStub:
                 request_serializer=controlplane_dot_api_dot_v1_dot_admin__pb2.StatusRequest.SerializeToString,
                 response_deserializer=controlplane_dot_api_dot_v1_dot_admin__pb2.StatusResponse.FromString,
                 _registered_method=True)
+        self.AddMember = channel.unary_unary(
+                '/controlplane.api.v1.Admin/AddMember',
+                request_serializer=controlplane_dot_api_dot_v1_dot_admin__pb2.MemberRequest.SerializeToString,
+                response_deserializer=controlplane_dot_api_dot_v1_dot_admin__pb2.MemberReply.FromString,
+                _registered_method=True)
+        self.RemoveMember = channel.unary_unary(
+                '/controlplane.api.v1.Admin/RemoveMember',
+                request_serializer=controlplane_dot_api_dot_v1_dot_admin__pb2.MemberRequest.SerializeToString,
+                response_deserializer=controlplane_dot_api_dot_v1_dot_admin__pb2.MemberReply.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -51,6 +61,22 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddMember(self, request, context):
+        """Add a voting member (one change at a time). Send it to the leader; a follower answers
+        FAILED_PRECONDITION with the leader's API address in the "leader-hint" trailing metadata.
+        Start the new coordinator first, configured with the full member list.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveMember(self, request, context):
+        """Remove a member (one change at a time); stop that coordinator afterwards.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -58,6 +84,16 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=controlplane_dot_api_dot_v1_dot_admin__pb2.StatusRequest.FromString,
                     response_serializer=controlplane_dot_api_dot_v1_dot_admin__pb2.StatusResponse.SerializeToString,
+            ),
+            'AddMember': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddMember,
+                    request_deserializer=controlplane_dot_api_dot_v1_dot_admin__pb2.MemberRequest.FromString,
+                    response_serializer=controlplane_dot_api_dot_v1_dot_admin__pb2.MemberReply.SerializeToString,
+            ),
+            'RemoveMember': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveMember,
+                    request_deserializer=controlplane_dot_api_dot_v1_dot_admin__pb2.MemberRequest.FromString,
+                    response_serializer=controlplane_dot_api_dot_v1_dot_admin__pb2.MemberReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -87,6 +123,60 @@ class Admin:
             '/controlplane.api.v1.Admin/Status',
             controlplane_dot_api_dot_v1_dot_admin__pb2.StatusRequest.SerializeToString,
             controlplane_dot_api_dot_v1_dot_admin__pb2.StatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddMember(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/controlplane.api.v1.Admin/AddMember',
+            controlplane_dot_api_dot_v1_dot_admin__pb2.MemberRequest.SerializeToString,
+            controlplane_dot_api_dot_v1_dot_admin__pb2.MemberReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveMember(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/controlplane.api.v1.Admin/RemoveMember',
+            controlplane_dot_api_dot_v1_dot_admin__pb2.MemberRequest.SerializeToString,
+            controlplane_dot_api_dot_v1_dot_admin__pb2.MemberReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,85 @@
+"""Membership changes with real coordinator processes: add a fourth, remove one of the first three;
+the group keeps a lease holder and keeps committing throughout."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from controlplane.api.admin import fetch_status
+from controlplane.cli.up import free_ports, plan_group
+
+REPO = Path(__file__).resolve().parents[2]
+EXE = [sys.executable, "-m", "controlplane.cli.main"]
+
+
+def start(config: Path, root: Path, name: str) -> subprocess.Popen:
+    return subprocess.Popen(EXE + ["coordinator", "--config", str(config)], env=dict(os.environ, PYTHONPATH=str(REPO)),
+                            stdout=subprocess.DEVNULL, stderr=open(root / f"{name}.log", "ab"))
+
+
+def wait_for(what: str, fn, timeout_s: float = 20.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = fn()
+        if got:
+            return got
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def holder(endpoints: list[str]):
+    st = [s for s in fetch_status(endpoints, 1.0) if s["reachable"]]
+    return next((s for s in st if s["lease"]["remaining_ms"] > 0), None)
+
+
+def test_add_a_fourth_member_and_remove_one_while_committing(tmp_path: Path) -> None:
+    nodes, _ = plan_group(3, tmp_path)
+    raft4, api4 = (f"127.0.0.1:{p}" for p in free_ports(2))
+    base = yaml.safe_load(nodes[0].config.read_text())
+    cfg4 = dict(base, node_id="coord-d", zone="az-d", raft_address=raft4, api_address=api4,
+                data_dir=str(tmp_path / "coord-d"),
+                peers=[{"node_id": n.node_id, "zone": n.zone, "raft_address": n.raft_address, "api_address": n.api_address}
+                       for n in nodes])
+    (tmp_path / "coord-d.yaml").write_text(yaml.safe_dump(cfg4))
+    procs = {n.node_id: start(n.config, tmp_path, n.node_id) for n in nodes}
+    try:
+        first = [n.api_address for n in nodes]
+        h = wait_for("a lease holder", lambda: holder(first))
+        procs["coord-d"] = start(tmp_path / "coord-d.yaml", tmp_path, "coord-d")
+        # Any member's endpoint works: a follower points the CLI at the leader.
+        follower = next(n.api_address for n in nodes if n.node_id != h["node_id"])
+        res = subprocess.run(EXE + ["members", "add", "--endpoint", follower, "--node-id", "coord-d",
+                                    "--raft-address", raft4, "--api-address", api4], capture_output=True, text=True, timeout=30)
+        assert res.returncode == 0, res.stderr
+        four = first + [api4]
+        wait_for("coord-d to catch up", lambda: all(
+            s["reachable"] for s in fetch_status(four, 1.0)) and fetch_status([api4], 1.0)[0]["applied_index"] >= h["commit_index"])
+        # Remove a member that does not hold the lease, stop it, and check the group keeps going.
+        gone = next(n for n in nodes if n.node_id != h["node_id"])
+        res = subprocess.run(EXE + ["members", "remove", "--endpoint", h["api_address"], "--raft-address", gone.raft_address],
+                             capture_output=True, text=True, timeout=30)
+        assert res.returncode == 0, res.stderr
+        procs[gone.node_id].send_signal(signal.SIGTERM)
+        procs[gone.node_id].wait(10)
+        rest = [a for a in four if a != gone.api_address]
+        before = holder(rest)["commit_index"]
+        after = wait_for("commits after the removal", lambda: (x := holder(rest)) and x["commit_index"] > before + 5 and x)
+        assert after["lease"]["holder"] in {"coord-a", "coord-b", "coord-c", "coord-d"}
+        peers = {p["raft_address"] for p in fetch_status([after["api_address"]], 1.0)[0]["peers"]}
+        assert gone.raft_address not in peers and raft4 in peers | {after["raft_address"]}
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs.values():
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
