@@ -72,3 +72,11 @@ class ObservationSource(Protocol):
     """Samples, lifecycle reports and gateway queues since the last call."""
 
     def gather(self, now_ms: int) -> Observations: ...
+
+
+class ReplayableSource(ObservationSource, Protocol):
+    """A source that also keeps a ring buffer of recent samples (the adapters keep ~2 minutes)."""
+
+    def recent(self, since_ms: int) -> list[Observations]:
+        """Observations (samples only) newer than ``since_ms``, oldest first."""
+        ...

@@ -62,6 +62,8 @@ class LoopStatistics:
     commands_sent: int
     send_failures: int
     stale_rejections: int
+    replayed_epochs: int
+    """Epochs for which the filters were rebuilt from the adapters' recent samples."""
 
 
 class ControlLoop:
@@ -91,7 +93,8 @@ class ControlLoop:
         self._undelivered: dict[str, tuple[AdapterCommand, int]] = {}
         """request id -> (command, first failure ms): re-sent while its cluster's breaker allows."""
         self._seq = 0
-        self._stats = dict(ticks=0, commits=0, commands_sent=0, send_failures=0, stale_rejections=0)
+        self._stats = dict(ticks=0, commits=0, commands_sent=0, send_failures=0, stale_rejections=0, replayed_epochs=0)
+        self._epoch_seen: int | None = None
         self.last_signals: dict[DeploymentId, signals.FilteredSignals | None] = {}
 
     def statistics(self) -> LoopStatistics:
@@ -104,6 +107,9 @@ class ControlLoop:
             time.sleep(self._act_delay_s)  # fault injection only (0 in production)
         if epoch is not None and not self._fence(epoch, now_ms):
             epoch = None  # a newer epoch exists somewhere: do not act
+        if epoch is not None and epoch != self._epoch_seen:
+            self._epoch_seen = epoch
+            self._replay_recent(now_ms)
         obs = self._source.gather(now_ms)  # gather (after fencing: the state read is post-fence)
         state = self._replicator.state
         filtered, loads = self._filter(state, obs, now_ms)
@@ -120,6 +126,19 @@ class ControlLoop:
         outgoing = self._retries(state, now_ms) + self._adapter_commands(plan.commands, result, before, epoch)
         sent, failed = self._send(outgoing, epoch, now_ms)
         return TickReport(now_ms, True, plan, len(facts), sent, failed)
+
+    def _replay_recent(self, now_ms: int) -> None:
+        """A new holder rebuilds its signal filters from the adapters' recent samples (their ring
+        buffers), so that a failover keeps the damping history. Followers that gathered all along
+        already have it: ``signals.update`` ignores samples older than what a filter holds."""
+        recent = getattr(self._source, "recent", None)
+        if recent is None:
+            return
+        window = max((d.policy.stable_window_ms for d in self._replicator.state.deployments.values()), default=0)
+        state = self._replicator.state
+        for obs in recent(now_ms - window):
+            self._filter(state, obs, obs.at_ms)
+        self._stats["replayed_epochs"] += 1
 
     def _fence(self, epoch: int, now_ms: int) -> bool:
         """Send a bare fence with ``epoch`` to every cluster's adapter (adapters that support it).

@@ -234,7 +234,7 @@ def test_commands_are_committed_before_they_are_sent_in_plan_order_with_fences()
     # Commits: t0 plan, t1 facts + plan, t2 plan, t3 plan (the test's own two commits are not the loop's).
     assert rg.replicator.entries == 5 + 2
     assert rg.loop.statistics() == LoopStatistics(
-        ticks=4, commits=5, commands_sent=len(sent), send_failures=0, stale_rejections=0
+        ticks=4, commits=5, commands_sent=len(sent), send_failures=0, stale_rejections=0, replayed_epochs=0
     )
 
 
@@ -268,7 +268,7 @@ def test_without_authority_the_loop_gathers_and_filters_but_neither_commits_nor_
     assert rg.state.instances["r1"].state is S.READY  # neither the WORK sample nor the LOST report committed
     assert rg.adapter.sent == []
     assert rg.loop.statistics() == LoopStatistics(
-        ticks=1, commits=0, commands_sent=0, send_failures=0, stale_rejections=0
+        ticks=1, commits=0, commands_sent=0, send_failures=0, stale_rejections=0, replayed_epochs=0
     )
 
 
@@ -466,3 +466,38 @@ def test_authority_is_checked_again_before_every_send() -> None:
     r.loop.tick(1_000)
     assert len(r.adapter.sent) == 1
     assert len([i for i in r.state.instances.values()]) == 3  # committed, not all sent
+
+
+class ReplayingSource(ScriptedSource):
+    """A source with a ring buffer: ``recent`` returns what the adapters sampled before this tick."""
+
+    def __init__(self, history: list[Observations]) -> None:
+        super().__init__()
+        self.history = history
+        self.asked: list[int] = []
+
+    def recent(self, since_ms: int) -> list[Observations]:
+        self.asked.append(since_ms)
+        return [o for o in self.history if o.at_ms > since_ms]
+
+
+def test_a_new_holder_rebuilds_its_filters_from_the_adapters_recent_samples() -> None:
+    """Failover keeps the damping history: the first decision of a new holder sees the last 30 s."""
+    r = rig(setup(min_replicas=1) + [c.CreateInstance(InstanceId("i1"), DeploymentId("chat"), ClusterId("c1"), 0),
+                                     c.TransitionInstance(InstanceId("i1"), InstanceEvent.START_WARMUP, 1),
+                                     c.TransitionInstance(InstanceId("i1"), InstanceEvent.WARMED, 2)])
+    t0 = 100_000
+    busy = [Observations(t, (InstanceSample(InstanceId("i1"), DeploymentId("chat"), t, 200, 40, 0.5, 0.0, 0.0),))
+            for t in range(t0 - 20_000, t0, 250)]
+    for source, expect_replay in ((ReplayingSource(busy), True), (ScriptedSource(), False)):
+        loop = ControlLoop(r.replicator, RecordingAdapter(r.replicator), source, rng=random.Random(5),
+                           authority=lambda now: 9)
+        loop.tick(t0)
+        sig = loop.last_signals[DeploymentId("chat")]
+        if expect_replay:
+            assert source.asked == [t0 - 30_000]  # the policy's stable window
+            assert loop.statistics().replayed_epochs == 1
+            # 80 replayed samples of 240 in flight, then this tick's own (idle) sample.
+            assert sig is not None and sig.stable["concurrency"] == pytest.approx(240.0 * 80 / 81)
+        else:
+            assert sig is not None and sig.stable["concurrency"] == 0.0  # nothing to rebuild from
