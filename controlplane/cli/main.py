@@ -66,6 +66,14 @@ def _parser() -> argparse.ArgumentParser:
     ad.add_argument("--listen", required=True, metavar="HOST:PORT")
     ad.add_argument("--state-dir", required=True, metavar="DIR", help="where the highest epoch is persisted")
     ad.add_argument("--record", required=True, metavar="FILE", help="accepted commands, one JSON line each")
+
+    bench = sub.add_parser("bench", help="benchmarks on real local processes (JSON, Markdown and PNG reports)")
+    bench_sub = bench.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
+    br = bench_sub.add_parser("raft", help="commit latency, throughput and failover: coordinators vs bare pysyncobj")
+    br.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    br.add_argument("--trials", type=int, default=20, help="failover trials per system (default 20)")
+    br.add_argument("--commits", type=int, default=300, help="sequential commits, and the burst size (default 300)")
+    br.add_argument("--out", default="out", metavar="DIR", help="where bench-raft.md/.json/.png go (default ./out)")
     return p
 
 
@@ -170,7 +178,14 @@ def _members(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from controlplane.bench.raft import run_cli
+
+    return run_cli(args.trials, args.commits, args.out, args.json)
+
+
 _SERVICE_COMMANDS = {"coordinator": _coordinator, "up": _up, "status": _status, "adapter": _adapter, "members": _members}
+_SERVICE_COMMANDS["bench"] = _bench
 
 
 def _simulate(args: argparse.Namespace) -> int:

@@ -146,26 +146,6 @@ class Harness:
             "applied": st.applied_index, "commit": st.commit_index,
         }
 
-    def bench(self, n: int) -> dict[str, Any]:
-        lat = []
-        for i in range(n):
-            t0 = time.perf_counter()
-            try:
-                self.write(10_000_000 + i)
-            except (ControlPlaneError, RuntimeError) as exc:
-                return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "at": i}
-            lat.append((time.perf_counter() - t0) * 1000.0)
-        lat.sort()
-        d = self.node.durability()
-
-        def pct(p: float) -> float:
-            return round(lat[min(len(lat) - 1, int(p * len(lat)))], 2)
-
-        return {
-            "ok": True, "n": n, "p50_ms": pct(0.50), "p99_ms": pct(0.99), "max_ms": round(lat[-1], 2),
-            "fsync": d.mode, "fsyncs": d.fsyncs, "fsync_ms_mean": round(d.fsync_ms_total / max(1, d.fsyncs), 3),
-        }
-
     def handle(self, line: str) -> dict[str, Any] | None:
         parts = line.split()
         if not parts:
@@ -181,8 +161,6 @@ class Harness:
             return self.stop_stream()
         if cmd == "dump":
             return self.dump()
-        if cmd == "bench":
-            return self.bench(args[0])
         return {"ok": False, "error": f"unknown command {cmd!r}"}
 
 

@@ -38,7 +38,8 @@ def test_commands_below_the_highest_epoch_are_rejected_and_not_applied(adapter) 
     with pytest.raises(StaleEpoch):
         client.fence("c1", Fence(8, 3, "n3"), 0)
     client.send("c1", AdapterCommand("e9-2", "drain", INST, 10), Fence(9, 2, "n2"), 0)
-    assert [(x["request_id"], x["epoch"]) for x in lines(record)] == [("e5-1", 5), ("e9-2", 9)]
+    got = [(x["action"], x["epoch"], x["accepted"]) for x in lines(record)]
+    assert got == [("create", 5, True), ("fence", 9, True), ("drain", 5, False), ("fence", 8, False), ("drain", 9, True)]
     assert server.servicer.stale_rejected == 2
 
 
@@ -54,7 +55,7 @@ def test_request_ids_apply_at_most_once(adapter) -> None:
     _, client, record = adapter
     for _ in range(3):
         client.send("c1", AdapterCommand("e1-1", "create", INST), Fence(1, 1, "n1"), 0)
-    assert len(lines(record)) == 1
+    assert [x["action"] for x in lines(record)] == ["create"]
 
 
 def test_bad_requests_are_invalid_argument(adapter) -> None:
