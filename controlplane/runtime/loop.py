@@ -93,6 +93,9 @@ class ControlLoop:
         self._undelivered: dict[str, tuple[AdapterCommand, int]] = {}
         """request id -> (command, first failure ms): re-sent while its cluster's breaker allows."""
         self._seq = 0
+        """Fence sequence: every fence and command sent gets the next one."""
+        self._requests = 0
+        """Request-id counter: never reused, even for commands built but not sent."""
         self._stats = dict(ticks=0, commits=0, commands_sent=0, send_failures=0, stale_rejections=0, replayed_epochs=0)
         self._epoch_seen: int | None = None
         self.last_signals: dict[DeploymentId, signals.FilteredSignals | None] = {}
@@ -202,8 +205,9 @@ class ControlLoop:
         out = []
         for cmd, outcome in zip(commands, outcomes):
             if outcome.ok:
-                adapter_cmd = self._adapter_command(cmd, state, before, f"e{epoch}-{self._seq + len(out) + 1}")
+                adapter_cmd = self._adapter_command(cmd, state, before, f"e{epoch}-r{self._requests + 1}")
                 if adapter_cmd is not None:
+                    self._requests += 1
                     out.append(adapter_cmd)
         return out
 
