@@ -1,6 +1,6 @@
 """Versioned encoding of replicated commands (never pickle).
 
-CONTRACT (implemented by a helper; other modules depend on these names):
+Public API:
 
     CODEC_VERSION = 1
     class CodecError(PermanentError)             # message names the field and the problem

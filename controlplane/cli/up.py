@@ -10,7 +10,6 @@ a grace period).
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import signal
 import socket

@@ -17,7 +17,6 @@ Service model of one instance (documented in ``docs/simulator.md``):
 
 from __future__ import annotations
 
-import heapq
 import random
 from collections import deque
 from collections.abc import Callable

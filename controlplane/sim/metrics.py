@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from controlplane.domain.ids import DeploymentId, TenantId
+from controlplane.domain.ids import DeploymentId
 from controlplane.domain.instances import InstanceState, Transitioned
 from controlplane.domain.state import ControlState
 

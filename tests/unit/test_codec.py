@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from controlplane.domain import commands as c
 from controlplane.domain.errors import PermanentError
 from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId, PoolId, TenantId, ZoneId
-from controlplane.domain.instances import TRANSITIONS, InitMethod, Instance, InstanceEvent, InstanceState
+from controlplane.domain.instances import TRANSITIONS, InitMethod, InstanceEvent, InstanceState
 from controlplane.domain.records import BreakerPhase, BreakerRecord, ScaleMemory
 from controlplane.domain.state import ControlState, Desired, apply, snapshot
 from controlplane.domain.tenants import MAX_PRIORITY, Deployment, Engine, ScalingPolicy, Slo, Tenant

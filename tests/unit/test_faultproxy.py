@@ -18,7 +18,6 @@ from pysyncobj.encryptor import HAS_CRYPTO
 from pysyncobj.node import TCPNode
 
 from tests.support.faultproxy import (
-    ENV_VAR,
     LOOPBACK,
     LinkProxy,
     Mode,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable, Mapping, Sequence
 
-import pytest
 
 from controlplane.core import reconcile as r
 from controlplane.core.backoff import backoff_ms
