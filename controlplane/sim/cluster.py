@@ -56,7 +56,7 @@ class SimInstance:
     profile: ModelProfile
     gpus: int
     created_ms: int
-    phase: str = "starting"  # starting | serving | sleeping | draining | gone
+    phase: str = "starting"  # starting | serving | sleeping | draining | lost | gone
     gen: int = 0
     """Incarnation: bumped to invalidate scheduled events (a warm-up cancelled by a drain)."""
     running: dict[int, SimRequest] = field(default_factory=dict)
@@ -185,7 +185,10 @@ class SimFleet:
 
     def cluster_down(self, cluster_id: ClusterId, now_ms: int) -> None:
         self.down.add(cluster_id)
-        for sim in [s for s in self.instances.values() if s.cluster == cluster_id]:
+        lost = [s for s in self.instances.values() if s.cluster == cluster_id]
+        for sim in lost:
+            sim.phase = "lost"  # first, so requeued requests are not routed to another doomed instance
+        for sim in lost:
             self._requeue(sim, now_ms)
             self._finish(sim, InstanceEvent.LOST, now_ms)
 
