@@ -1,0 +1,1 @@
+"""Adapter tests against protocol-faithful fakes."""
