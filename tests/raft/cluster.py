@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+from controlplane.cli.up import free_ports
 from controlplane.config import CoordinatorConfig
 from controlplane.domain import commands as c
 from controlplane.domain.records import BreakerRecord
@@ -32,21 +32,6 @@ TEST_TIMINGS: dict[str, Any] = dict(
     commit_timeout_ms=2000,
     step_down_timeout_ms=2000,
 )
-
-
-def free_ports(n: int) -> list[int]:
-    """n distinct free TCP ports on 127.0.0.1 (bound then released)."""
-    socks, ports = [], []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-            ports.append(s.getsockname()[1])
-    finally:
-        for s in socks:
-            s.close()
-    return ports
 
 
 def member(i: int, raft_port: int, api_port: int) -> dict[str, str]:
