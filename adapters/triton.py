@@ -1,0 +1,536 @@
+"""Driver for one Triton Inference Server (``shared/design/CONTRACTS.md`` section 2).
+
+``TritonDriver(base_url, metrics_url, model, timeout_s)`` talks plain HTTP through ``urllib`` (HTTP
+port 8000 for health/repository, metrics port 8002 for ``/metrics``) with a bounded timeout on every
+request, and translates every library error at the boundary:
+
+* connection refused / reset / timeout / DNS -> :class:`~controlplane.domain.errors.Unavailable`
+  (Triton starts its HTTP endpoint only after the initial model load; on SIGTERM it stops accepting);
+* ``/v2/health/live|ready``: 200 -> ``True``, 400 -> ``False``; 503 ``{"error":"Server exiting"}``
+  -> :class:`EngineExiting` (a ``PermanentError``: this process is going away, do not retry it).
+  Any route answering 503 "Server exiting" raises :class:`EngineExiting`.
+* ``/v2/models/{m}/ready``: 200 -> ``True``; 400 "Model version not ready", 404 (no available
+  version), 503 (version not at ready state / server not ready) -> ``False``; 400 "unknown model"
+  -> :class:`ModelUnknown` (a ``NotFound``).
+* ``POST /v2/repository/models/{m}/load|unload`` is the warm path (explicit model control mode only).
+  In none/poll mode Triton answers 503 "explicit model load / unload is not allowed if polling is
+  enabled" -> :class:`WarmPathUnavailable` (callers degrade to cold starts). 500 (load failed) ->
+  :class:`ModelLoadFailed`; 400 -> :class:`EngineRejected`. Bodies are the ones tritonclient sends:
+  load ``{}`` or ``{"parameters":{"config":"<json>"}}``, unload
+  ``{"parameters":{"unload_dependents":false}}``.
+
+Metrics (:meth:`TritonDriver.sample`), parsed with ``prometheus_client.parser``; per-model metrics are
+summed over ``version`` and ``gpu_uuid`` labels for ``model``:
+
+* ``waiting`` = ``nv_inference_pending_request_count`` (Triton's scheduler queue), plus the TensorRT-LLM
+  backend's own queue ``nv_trt_llm_request_metrics{request_type="waiting"}`` when that family is
+  present (the two queues are disjoint: a request leaves Triton's queue when the backend receives it).
+* ``running``: Triton has no running gauge. With TensorRT-LLM metrics present it is
+  ``nv_trt_llm_request_metrics{request_type="scheduled"}`` (the mapping the gateway-api inference
+  extension uses). Otherwise it is derived by Little's law from counter deltas between two successful
+  scrapes: ``round(Δ(nv_inference_request_duration_us - nv_inference_queue_duration_us) / Δt_us)``,
+  i.e. inference rate x mean time past the queue = mean number of requests being executed over the
+  interval. It lags (durations are recorded when a request completes) and is 0 on the first scrape
+  (``statistics()["running_source"] == "no_baseline"``).
+* Mean queue time over the interval = ``Δnv_inference_queue_duration_us / Δnv_inference_request_success``
+  (Triton's k8s example uses the same ratio); ``None`` when no request succeeded. InstanceSample has
+  no queue-time field, so it is logged (``triton.sample`` debug event, ``mean_queue_ms``) and kept in
+  ``statistics()["mean_queue_ms"]``.
+* ``gpu_mem_used_bytes`` / ``gpu_mem_total_bytes`` = ``nv_gpu_memory_used_bytes`` /
+  ``nv_gpu_memory_total_bytes`` summed over ``gpu_uuid`` (all GPUs the server sees). Absent (GPU
+  metrics disabled / CPU only) -> 0 with ``statistics()["gpu_metrics"] == False``.
+* ``kv_usage`` = ``nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction"}`` (0..1) when
+  present, else 0.0 with ``statistics()["kv_source"] == "absent"`` (no other backend exports KV use).
+* ``ttft_p99_ms``: Triton has no TTFT metric as such. The opt-in histogram
+  ``nv_inference_first_response_histogram_ms`` (``--metrics-config histogram_latencies=true``) is the
+  time to the first response, which is TTFT for decoupled/streaming LLM models: when present, p99 is
+  the upper bound (ms) of the first bucket whose cumulative *delta* reaches ``ceil(0.99 n)`` (the same
+  rule as the vLLM driver). ``None`` when absent (the default), on the first scrape, or with no new
+  first responses.
+* Token rates are always 0.0: the contract lists no token counters for Triton.
+* Counters that went down (server restart) count from zero, as Prometheus' ``rate()`` does.
+
+Malformed metrics policy (never an unhandled exception): an unparseable page, or a required metric
+(``nv_inference_pending_request_count``, ``nv_inference_request_success``, ``nv_inference_count``,
+``nv_inference_queue_duration_us``, ``nv_inference_request_duration_us``) missing for ``model``, any
+used value NaN/infinite/negative, a KV fraction outside 0..1, or GPU used > total, raises
+:class:`MetricsMalformed` (a ``TemporaryError``) naming the field. Latency counters disabled
+(``counter_latencies=false``) therefore surface as malformed: this driver needs them. The failed scrape
+does not replace the previous baseline. Every failure is one structlog event (``triton.metrics_malformed``,
+``triton.warm_path_unavailable``, ``triton.unreachable``, ``triton.exiting``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from prometheus_client.parser import text_string_to_metric_families
+
+from controlplane.domain.errors import (
+    NotFound,
+    PermanentError,
+    TemporaryError,
+    Unavailable,
+    ValidationError,
+)
+from controlplane.domain.ids import DeploymentId, InstanceId
+from controlplane.domain.observations import InstanceSample
+
+log = structlog.get_logger("adapters.triton")
+
+MAX_RESPONSE_BYTES = 8 * 1024 * 1024
+TTFT_QUANTILE = 0.99
+
+PENDING = "nv_inference_pending_request_count"
+SUCCESS = "nv_inference_request_success"
+COUNT = "nv_inference_count"
+QUEUE_US = "nv_inference_queue_duration_us"
+REQUEST_US = "nv_inference_request_duration_us"
+GPU_TOTAL = "nv_gpu_memory_total_bytes"
+GPU_USED = "nv_gpu_memory_used_bytes"
+TRT_REQUESTS = "nv_trt_llm_request_metrics"
+TRT_KV = "nv_trt_llm_kv_cache_block_metrics"
+FIRST_RESPONSE = "nv_inference_first_response_histogram_ms"
+
+EXITING_MESSAGE = "Server exiting"
+NOT_EXPLICIT_MESSAGE = "explicit model load / unload is not allowed if polling is enabled"
+
+
+class EngineExiting(PermanentError):
+    """The server answered 503 "Server exiting" (SIGTERM received): it will not serve again."""
+
+    def __init__(self, base_url: str, route: str) -> None:
+        super().__init__(f"Triton {base_url}{route}: server exiting")
+        self.base_url = base_url
+        self.route = route
+
+
+class WarmPathUnavailable(PermanentError):
+    """Model load/unload is refused: the server is not in explicit model control mode."""
+
+    def __init__(self, base_url: str, route: str, message: str) -> None:
+        super().__init__(f"{base_url}{route}: {message} (model control mode is not explicit): no warm path")
+        self.base_url = base_url
+        self.route = route
+        self.message = message
+
+
+class ModelUnknown(NotFound):
+    """The model name is not in the server's model repository (400 "Request for unknown model")."""
+
+    def __init__(self, model: str, message: str) -> None:
+        super().__init__("triton model", model)
+        self.message = message
+
+
+class ModelLoadFailed(PermanentError):
+    """``load`` answered 500 (model directory missing, backend error)."""
+
+    def __init__(self, model: str, status: int, message: str) -> None:
+        super().__init__(f"Triton load of {model!r} failed (HTTP {status}): {message}")
+        self.model = model
+        self.status = status
+        self.message = message
+
+
+class EngineRejected(ValidationError):
+    """400 with ``{"error": ...}``: the request itself is invalid."""
+
+    def __init__(self, field_name: str, problem: str, *, status: int) -> None:
+        super().__init__(field_name, problem)
+        self.status = status
+
+
+class MetricsMalformed(TemporaryError):
+    """``/metrics`` could not be turned into a sample; ``field`` names what is wrong (``exposition``
+    for an unparseable page)."""
+
+    def __init__(self, field_name: str, problem: str) -> None:
+        super().__init__(f"Triton metrics {field_name}: {problem}")
+        self.field = field_name
+        self.problem = problem
+
+
+class UnexpectedResponse(TemporaryError):
+    """The server answered with a status or body the contract does not describe."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelIndexEntry:
+    """One row of ``POST /v2/repository/index``; ``version``/``reason`` are "" when Triton omits them."""
+
+    name: str
+    state: str
+    version: str = ""
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class _Scrape:
+    at_ms: int
+    success: float
+    count: float
+    queue_us: float
+    request_us: float
+    first_response: tuple[tuple[float, float], ...] | None
+
+
+@dataclass(slots=True)
+class DriverStatistics:
+    scrapes: int = 0
+    malformed: int = 0
+    unreachable: int = 0
+    exiting: int = 0
+    last_error: str = ""
+    mean_queue_ms: float | None = None
+    inferences_per_s: float = 0.0
+    running_source: str = "no_baseline"
+    kv_source: str = "absent"
+    gpu_metrics: bool = False
+    ttft_source: str = "absent"
+
+
+class TritonDriver:
+    """One Triton server and one model on it. Thread-safe; keeps the previous good scrape for deltas."""
+
+    def __init__(self, base_url: str, metrics_url: str, model: str, timeout_s: float) -> None:
+        if timeout_s <= 0:
+            raise ValidationError("timeout_s", "must be > 0")
+        if not model or "/" in model:
+            raise ValidationError("model", "must be a non-empty repository model name without '/'")
+        self.base_url = base_url.rstrip("/")
+        self.metrics_url = metrics_url.rstrip("/")
+        self.model = model
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._previous: _Scrape | None = None
+        self._stats = DriverStatistics()
+
+    # -- HTTP boundary --------------------------------------------------------------------------
+    def _request(self, method: str, route: str, body: bytes | None = None, *,
+                 base: str | None = None) -> tuple[int, bytes]:
+        """(status, body) for any HTTP answer; Unavailable when there is no answer."""
+        base = self.base_url if base is None else base
+        data = (body if body is not None else b"") if method == "POST" else None
+        req = urllib.request.Request(base + route, method=method, data=data)
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                return resp.status, resp.read(MAX_RESPONSE_BYTES)
+        except urllib.error.HTTPError as exc:
+            try:
+                payload = exc.read(MAX_RESPONSE_BYTES)
+            except OSError:
+                payload = b""
+            finally:
+                exc.close()
+            return exc.code, payload
+        except (TimeoutError, urllib.error.URLError, OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", exc)
+            with self._lock:
+                self._stats.unreachable += 1
+                self._stats.last_error = f"{route}: {reason}"
+            log.warning("triton.unreachable", base_url=base, route=route, reason=str(reason))
+            raise Unavailable(f"Triton {base}{route} unreachable: {reason}") from exc
+
+    def _call(self, method: str, route: str, body: bytes | None = None) -> tuple[int, str]:
+        """(status, error message) after turning 503 "Server exiting" into :class:`EngineExiting`."""
+        status, payload = self._request(method, route, body)
+        message = _error_message(payload)
+        if status == 503 and message == EXITING_MESSAGE:
+            with self._lock:
+                self._stats.exiting += 1
+                self._stats.last_error = f"{route}: {EXITING_MESSAGE}"
+            log.warning("triton.exiting", base_url=self.base_url, route=route)
+            raise EngineExiting(self.base_url, route)
+        return status, message
+
+    def _model_route(self, suffix: str) -> str:
+        return f"/v2/repository/models/{urllib.parse.quote(self.model, safe='')}/{suffix}"
+
+    # -- health ---------------------------------------------------------------------------------
+    def _health(self, which: str) -> bool:
+        route = f"/v2/health/{which}"
+        status, message = self._call("GET", route)
+        if status == 200:
+            return True
+        if status == 400:
+            return False
+        raise UnexpectedResponse(f"Triton {route}: HTTP {status} {message!r}")
+
+    def live(self) -> bool:
+        return self._health("live")
+
+    def ready(self) -> bool:
+        """Server readiness (with ``--strict-readiness``: every model that should be loaded is)."""
+        return self._health("ready")
+
+    def model_ready(self, version: str | None = None) -> bool:
+        m = urllib.parse.quote(self.model, safe="")
+        route = f"/v2/models/{m}" + (f"/versions/{version}" if version else "") + "/ready"
+        status, message = self._call("GET", route)
+        if status == 200:
+            return True
+        if status == 400 and message.startswith("Request for unknown model"):
+            raise ModelUnknown(self.model, message)
+        if status in (400, 404, 503):
+            return False
+        raise UnexpectedResponse(f"Triton {route}: HTTP {status} {message!r}")
+
+    # -- repository -----------------------------------------------------------------------------
+    def repository_index(self, ready_only: bool = False) -> list[ModelIndexEntry]:
+        route = "/v2/repository/index"
+        status, payload = self._request("POST", route, b'{"ready":true}' if ready_only else b"")
+        if status != 200:
+            self._raise_for(route, status, payload)
+        try:
+            rows = json.loads(payload)
+            if not isinstance(rows, list):
+                raise TypeError("not a JSON array")
+            return [ModelIndexEntry(name=str(r["name"]), state=str(r["state"]),
+                                    version=str(r.get("version", "")), reason=str(r.get("reason", "")))
+                    for r in rows]
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise UnexpectedResponse(f"Triton {route}: unexpected body {payload[:200]!r}: {exc}") from exc
+
+    def load_model(self, config: dict[str, Any] | None = None) -> None:
+        """Warm path: load (or reload) ``model``; synchronous. Explicit model control mode only."""
+        body: dict[str, Any] = {} if config is None else {"parameters": {"config": json.dumps(config)}}
+        self._control(self._model_route("load"), json.dumps(body, separators=(",", ":")).encode())
+
+    def unload_model(self, unload_dependents: bool = False) -> None:
+        """Warm path: unload ``model`` (keeps the server up); synchronous. Explicit mode only."""
+        body = {"parameters": {"unload_dependents": unload_dependents}}
+        self._control(self._model_route("unload"), json.dumps(body, separators=(",", ":")).encode())
+
+    def _control(self, route: str, body: bytes) -> None:
+        status, payload = self._request("POST", route, body)
+        if status != 200:
+            self._raise_for(route, status, payload)
+        log.info("triton.model_control", base_url=self.base_url, route=route)
+
+    def _raise_for(self, route: str, status: int, payload: bytes) -> None:
+        message = _error_message(payload)
+        if status == 503 and message == EXITING_MESSAGE:
+            with self._lock:
+                self._stats.exiting += 1
+            log.warning("triton.exiting", base_url=self.base_url, route=route)
+            raise EngineExiting(self.base_url, route)
+        if status == 503 and message == NOT_EXPLICIT_MESSAGE:
+            log.warning("triton.warm_path_unavailable", base_url=self.base_url, route=route, status=status,
+                        fallback="cold_start")
+            raise WarmPathUnavailable(self.base_url, route, message)
+        if status == 500 and route.endswith("/load"):
+            raise ModelLoadFailed(self.model, status, message)
+        if status == 400:
+            raise EngineRejected(route, message, status=status)
+        if status == 503:
+            raise Unavailable(f"Triton {route}: HTTP 503 {message!r}")
+        raise UnexpectedResponse(f"Triton {route}: HTTP {status} {message!r}")
+
+    # -- metrics --------------------------------------------------------------------------------
+    def sample(self, instance_id: InstanceId, deployment: DeploymentId, now_ms: int) -> InstanceSample:
+        status, body = self._request("GET", "/metrics", base=self.metrics_url)
+        if status != 200:
+            raise UnexpectedResponse(f"Triton {self.metrics_url}/metrics: HTTP {status}")
+        try:
+            parsed = self._parse(body, now_ms)
+        except MetricsMalformed as exc:
+            with self._lock:
+                self._stats.malformed += 1
+                self._stats.last_error = str(exc)
+            log.warning("triton.metrics_malformed", base_url=self.metrics_url, field=exc.field, problem=exc.problem)
+            raise
+        current = parsed.scrape
+        with self._lock:
+            previous, self._previous = self._previous, current
+            s = self._stats
+            s.scrapes += 1
+            running, s.running_source, s.mean_queue_ms, s.inferences_per_s = _derived(previous, current)
+            if parsed.trt_running is not None:
+                running, s.running_source = parsed.trt_running, "trt_llm"
+            s.kv_source = "trt_llm" if parsed.kv is not None else "absent"
+            s.gpu_metrics = parsed.gpu is not None
+            s.ttft_source = "first_response_histogram" if current.first_response is not None else "absent"
+            mean_queue_ms = s.mean_queue_ms
+        ttft = _first_response_p99_ms(previous, current)
+        used, total = parsed.gpu if parsed.gpu is not None else (0, 0)
+        log.debug("triton.sample", base_url=self.metrics_url, model=self.model, waiting=parsed.waiting,
+                  running=running, mean_queue_ms=mean_queue_ms)
+        return InstanceSample(
+            instance_id=instance_id, deployment=deployment, at_ms=now_ms,
+            running=running, waiting=parsed.waiting, kv_usage=parsed.kv if parsed.kv is not None else 0.0,
+            prompt_tokens_per_s=0.0, generation_tokens_per_s=0.0, ttft_p99_ms=ttft,
+            gpu_mem_used_bytes=used, gpu_mem_total_bytes=total,
+        )
+
+    def statistics(self) -> dict[str, Any]:
+        with self._lock:
+            s = self._stats
+            return {"scrapes": s.scrapes, "malformed": s.malformed, "unreachable": s.unreachable,
+                    "exiting": s.exiting, "last_error": s.last_error, "mean_queue_ms": s.mean_queue_ms,
+                    "inferences_per_s": s.inferences_per_s, "running_source": s.running_source,
+                    "kv_source": s.kv_source, "gpu_metrics": s.gpu_metrics, "ttft_source": s.ttft_source}
+
+    def _parse(self, body: bytes, now_ms: int) -> _Parsed:
+        families = parse_exposition(body)
+
+        def model_sum(name: str, required: bool = True, **match: str) -> float | None:
+            samples = [(s.labels, float(s.value)) for s in families.get(name, [])
+                       if s.name in (name, name + "_total") and s.labels.get("model") == self.model
+                       and all(s.labels.get(k) == v for k, v in match.items())]
+            if not samples:
+                if required:
+                    raise MetricsMalformed(name, "missing")
+                return None
+            return _finite_sum(_field(name, match), samples)
+
+        pending = model_sum(PENDING)
+        success, count = model_sum(SUCCESS), model_sum(COUNT)
+        queue_us, request_us = model_sum(QUEUE_US), model_sum(REQUEST_US)
+        assert pending is not None and success is not None and count is not None
+        assert queue_us is not None and request_us is not None
+        waiting = pending
+        trt_waiting = model_sum(TRT_REQUESTS, False, request_type="waiting")
+        trt_scheduled = model_sum(TRT_REQUESTS, False, request_type="scheduled")
+        if trt_waiting is not None:
+            waiting += trt_waiting
+        kv_frac = model_sum(TRT_KV, False, kv_cache_block_type="fraction")
+        if kv_frac is not None and not 0.0 <= kv_frac <= 1.0:
+            raise MetricsMalformed(_field(TRT_KV, {"kv_cache_block_type": "fraction"}), f"{kv_frac} is not a 0..1 fraction")
+        gpu = _gpu(families)
+        first = _cumulative_buckets([(s.labels, float(s.value)) for s in families.get(FIRST_RESPONSE, [])
+                                     if s.name == FIRST_RESPONSE + "_bucket" and s.labels.get("model") == self.model])
+        return _Parsed(
+            scrape=_Scrape(now_ms, success, count, queue_us, request_us, first),
+            waiting=int(waiting),
+            trt_running=int(trt_scheduled) if trt_scheduled is not None else None,
+            kv=kv_frac, gpu=gpu,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Parsed:
+    scrape: _Scrape
+    waiting: int
+    trt_running: int | None
+    kv: float | None
+    gpu: tuple[int, int] | None
+
+
+def _field(name: str, match: dict[str, str]) -> str:
+    if not match:
+        return name
+    return name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(match.items())) + "}"
+
+
+def _error_message(payload: bytes) -> str:
+    """The ``error`` field of Triton's ``{"error": "<msg>"}`` body; "" for an empty/other body."""
+    if not payload:
+        return ""
+    try:
+        obj = json.loads(payload)
+    except ValueError:
+        return payload[:200].decode(errors="replace")
+    if isinstance(obj, dict) and isinstance(obj.get("error"), str):
+        return obj["error"]
+    return payload[:200].decode(errors="replace")
+
+
+def parse_exposition(body: bytes) -> dict[str, list[Any]]:
+    """Family name -> samples. Any parse failure becomes :class:`MetricsMalformed`."""
+    try:
+        text = body.decode("utf-8")
+        return {f.name: list(f.samples) for f in text_string_to_metric_families(text)}
+    except (ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:
+        raise MetricsMalformed("exposition", f"unparseable Prometheus text: {exc}") from exc
+
+
+def _finite_sum(name: str, samples: list[tuple[dict[str, str], float]]) -> float:
+    total = 0.0
+    for labels, value in samples:
+        if not math.isfinite(value):
+            raise MetricsMalformed(name, f"non-finite value {value} for {labels}")
+        if value < 0:
+            raise MetricsMalformed(name, f"negative value {value} for {labels}")
+        total += value
+    return total
+
+
+def _gpu(families: dict[str, list[Any]]) -> tuple[int, int] | None:
+    """(used, total) bytes summed over gpu_uuid; None when the server exports no GPU metrics."""
+    used = [(s.labels, float(s.value)) for s in families.get(GPU_USED, []) if s.name == GPU_USED]
+    total = [(s.labels, float(s.value)) for s in families.get(GPU_TOTAL, []) if s.name == GPU_TOTAL]
+    if not used and not total:
+        return None
+    if not used:
+        raise MetricsMalformed(GPU_USED, "missing")
+    if not total:
+        raise MetricsMalformed(GPU_TOTAL, "missing")
+    u, t = _finite_sum(GPU_USED, used), _finite_sum(GPU_TOTAL, total)
+    if u > t:
+        raise MetricsMalformed(GPU_USED, f"used {u} exceeds total {t}")
+    return int(u), int(t)
+
+
+def _cumulative_buckets(samples: list[tuple[dict[str, str], float]]) -> tuple[tuple[float, float], ...] | None:
+    """Per-``le`` cumulative counts summed over versions; None when absent, NaN or without +Inf."""
+    by_le: dict[float, float] = {}
+    for labels, value in samples:
+        try:
+            le = float(labels["le"])
+        except (KeyError, ValueError):
+            return None
+        if math.isnan(value):
+            return None
+        by_le[le] = by_le.get(le, 0.0) + value
+    if math.inf not in by_le:
+        return None
+    return tuple(sorted(by_le.items()))
+
+
+def _delta(previous: float, current: float) -> float:
+    return current if current < previous else current - previous
+
+
+def _derived(previous: _Scrape | None, current: _Scrape) -> tuple[int, str, float | None, float]:
+    """(running by Little's law, its source, mean queue ms, inferences/s) between two scrapes."""
+    if previous is None or current.at_ms <= previous.at_ms:
+        return 0, "no_baseline", None, 0.0
+    if (current.success < previous.success or current.count < previous.count
+            or current.queue_us < previous.queue_us or current.request_us < previous.request_us):
+        previous = _Scrape(previous.at_ms, 0.0, 0.0, 0.0, 0.0, None)  # restart: every counter from zero
+    elapsed_us = (current.at_ms - previous.at_ms) * 1000.0
+    d_success = current.success - previous.success
+    d_queue = current.queue_us - previous.queue_us
+    d_busy = max(0.0, (current.request_us - previous.request_us) - d_queue)
+    running = math.floor(d_busy / elapsed_us + 0.5)
+    mean_queue_ms = d_queue / d_success / 1000.0 if d_success > 0 else None
+    rate = (current.count - previous.count) / (elapsed_us / 1e6)
+    return running, "littles_law", mean_queue_ms, rate
+
+
+def _first_response_p99_ms(previous: _Scrape | None, current: _Scrape) -> float | None:
+    if previous is None or previous.first_response is None or current.first_response is None:
+        return None
+    before = dict(previous.first_response)
+    same_layout = [le for le, _ in previous.first_response] == [le for le, _ in current.first_response]
+    if not same_layout or any(count < before[le] for le, count in current.first_response):
+        before = {}  # bucket layout changed or histogram reset (restart): count from zero
+    deltas = [(le, count - before.get(le, 0.0)) for le, count in current.first_response]
+    total = deltas[-1][1]
+    if total <= 0:
+        return None
+    rank = math.ceil(TTFT_QUANTILE * total - 1e-9)
+    finite = [le for le, _ in deltas if math.isfinite(le)]
+    for le, count in deltas:
+        if count >= rank:
+            return le if math.isfinite(le) else (finite[-1] if finite else math.inf)
+    return None
