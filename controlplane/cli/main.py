@@ -74,6 +74,15 @@ def _parser() -> argparse.ArgumentParser:
     br.add_argument("--trials", type=int, default=20, help="failover trials per system (default 20)")
     br.add_argument("--commits", type=int, default=300, help="sequential commits, and the burst size (default 300)")
     br.add_argument("--out", default="out", metavar="DIR", help="where bench-raft.md/.json/.png go (default ./out)")
+
+    pr = sub.add_parser("probe", help="read one inference engine once through its driver and print the observation")
+    pr.add_argument("--engine", required=True, choices=("vllm", "triton", "deepspeed-mii"))
+    pr.add_argument("--url", required=True, metavar="URL", help="vLLM server, Triton HTTP port, or MII REST URL .../mii/NAME")
+    pr.add_argument("--metrics-url", default=None, metavar="URL", help="Triton metrics port (required for triton)")
+    pr.add_argument("--model", default=None, metavar="NAME", help="vLLM model_name filter; Triton model (required)")
+    pr.add_argument("--grpc-address", default=None, metavar="HOST:PORT", help="MII gRPC load balancer (default URL host:50050)")
+    pr.add_argument("--timeout", type=float, default=5.0, help="per-request deadline in seconds (default 5)")
+    pr.add_argument("--json", action="store_true", help="print the observation as JSON")
     return p
 
 
@@ -186,6 +195,15 @@ def _bench(args: argparse.Namespace) -> int:
 
 _SERVICE_COMMANDS = {"coordinator": _coordinator, "up": _up, "status": _status, "adapter": _adapter, "members": _members}
 _SERVICE_COMMANDS["bench"] = _bench
+
+
+def _probe(args: argparse.Namespace) -> int:
+    from controlplane.probe import run_cli
+
+    return run_cli(args)
+
+
+_SERVICE_COMMANDS["probe"] = _probe
 
 
 def _simulate(args: argparse.Namespace) -> int:
