@@ -54,19 +54,28 @@ import re
 import socket
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
-from controlplane.domain.errors import TemporaryError, Unavailable, ValidationError
+from adapters.engine_http import (
+    EngineRejected,
+    UnexpectedResponse,
+    count_unreachable,
+    http_request,
+    unreachable_reason,
+)
+from controlplane.domain.errors import Unavailable, ValidationError
 from controlplane.domain.ids import DeploymentId, InstanceId
 from controlplane.domain.observations import InstanceSample
 
+__all__ = ["MISSING_FIELDS", "EngineRejected", "MiiDriver", "ProbeResult", "UnexpectedResponse", "parse_address"]
+
 log = structlog.get_logger("adapters.deepspeed_mii")
+
+ENGINE = "DeepSpeed-MII"
 
 MAX_RESPONSE_BYTES = 1024 * 1024
 PROBE_PROMPT = "ping"
@@ -76,22 +85,6 @@ FINISH_REASONS = ("stop", "length", "none")
 MISSING_FIELDS = ("running", "waiting", "kv_usage", "prompt_tokens_per_s", "generation_tokens_per_s",
                   "gpu_mem_used_bytes", "gpu_mem_total_bytes")
 """InstanceSample fields MII cannot supply (no metrics endpoint); reported as 0."""
-
-
-class EngineRejected(ValidationError):
-    """The gateway answered 4xx: the request or the deployment URL is wrong."""
-
-    def __init__(self, route: str, problem: str, *, status: int) -> None:
-        super().__init__(route, problem)
-        self.status = status
-
-
-class UnexpectedResponse(TemporaryError):
-    """The gateway answered with a status or body the contract does not describe (or a 5xx)."""
-
-    def __init__(self, message: str, *, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,31 +137,22 @@ class MiiDriver:
         self._stats = DriverStatistics()
 
     # -- boundary -------------------------------------------------------------------------------
-    def _unreachable(self, where: str, exc: BaseException) -> Unavailable:
-        reason = getattr(exc, "reason", exc)
-        with self._lock:
-            self._stats.unreachable += 1
-            self._stats.last_error = f"{where}: {reason}"
+    def _note_unreachable(self, where: str, reason: object) -> None:
+        count_unreachable(self._lock, self._stats, where, reason)
         log.warning("mii.unreachable", where=where, reason=str(reason))
-        return Unavailable(f"DeepSpeed-MII {where} unreachable: {reason}")
+
+    def _unreachable(self, where: str, exc: BaseException) -> Unavailable:
+        reason = unreachable_reason(exc)
+        self._note_unreachable(where, reason)
+        return Unavailable(f"{ENGINE} {where} unreachable: {reason}")
 
     def _request(self, method: str, url: str, body: bytes | None = None) -> tuple[int, bytes]:
         """(status, body) for any HTTP answer; Unavailable when there is no answer."""
         headers = {"Content-Type": "application/json"} if body is not None else {}
-        req = urllib.request.Request(url, method=method, data=body, headers=headers)
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                return resp.status, resp.read(MAX_RESPONSE_BYTES)
-        except urllib.error.HTTPError as exc:
-            try:
-                payload = exc.read(MAX_RESPONSE_BYTES)
-            except OSError:
-                payload = b""
-            finally:
-                exc.close()
-            return exc.code, payload
-        except (TimeoutError, urllib.error.URLError, OSError, ValueError) as exc:
-            raise self._unreachable(url, exc) from exc
+        status, payload, _ = http_request(ENGINE, method, url, timeout_s=self.timeout_s, max_bytes=MAX_RESPONSE_BYTES,
+                                          data=body, headers=headers,
+                                          on_unreachable=lambda reason: self._note_unreachable(url, reason))
+        return status, payload
 
     def _fail(self, counter: str, event: str, exc: UnexpectedResponse | EngineRejected) -> None:
         with self._lock:

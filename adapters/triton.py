@@ -65,26 +65,40 @@ from __future__ import annotations
 import json
 import math
 import threading
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from prometheus_client.parser import text_string_to_metric_families
 
+from adapters import engine_http
+from adapters.engine_http import (
+    EngineRejected,
+    MetricsMalformed,
+    UnexpectedResponse,
+    WarmPathUnavailable,
+    count_unreachable,
+    cumulative_buckets,
+    histogram_delta_quantile,
+    http_request,
+)
 from controlplane.domain.errors import (
     NotFound,
     PermanentError,
-    TemporaryError,
     Unavailable,
     ValidationError,
 )
 from controlplane.domain.ids import DeploymentId, InstanceId
 from controlplane.domain.observations import InstanceSample
 
+__all__ = [
+    "EngineExiting", "EngineRejected", "MetricsMalformed", "ModelIndexEntry", "ModelLoadFailed", "ModelUnknown",
+    "TritonDriver", "UnexpectedResponse", "WarmPathUnavailable", "parse_exposition",
+]
+
 log = structlog.get_logger("adapters.triton")
+
+ENGINE = "Triton"
 
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 TTFT_QUANTILE = 0.99
@@ -113,16 +127,6 @@ class EngineExiting(PermanentError):
         self.route = route
 
 
-class WarmPathUnavailable(PermanentError):
-    """Model load/unload is refused: the server is not in explicit model control mode."""
-
-    def __init__(self, base_url: str, route: str, message: str) -> None:
-        super().__init__(f"{base_url}{route}: {message} (model control mode is not explicit): no warm path")
-        self.base_url = base_url
-        self.route = route
-        self.message = message
-
-
 class ModelUnknown(NotFound):
     """The model name is not in the server's model repository (400 "Request for unknown model")."""
 
@@ -139,28 +143,6 @@ class ModelLoadFailed(PermanentError):
         self.model = model
         self.status = status
         self.message = message
-
-
-class EngineRejected(ValidationError):
-    """400 with ``{"error": ...}``: the request itself is invalid."""
-
-    def __init__(self, field_name: str, problem: str, *, status: int) -> None:
-        super().__init__(field_name, problem)
-        self.status = status
-
-
-class MetricsMalformed(TemporaryError):
-    """``/metrics`` could not be turned into a sample; ``field`` names what is wrong (``exposition``
-    for an unparseable page)."""
-
-    def __init__(self, field_name: str, problem: str) -> None:
-        super().__init__(f"Triton metrics {field_name}: {problem}")
-        self.field = field_name
-        self.problem = problem
-
-
-class UnexpectedResponse(TemporaryError):
-    """The server answered with a status or body the contract does not describe."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,25 +202,14 @@ class TritonDriver:
         """(status, body) for any HTTP answer; Unavailable when there is no answer."""
         base = self.base_url if base is None else base
         data = (body if body is not None else b"") if method == "POST" else None
-        req = urllib.request.Request(base + route, method=method, data=data)
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                return resp.status, resp.read(MAX_RESPONSE_BYTES)
-        except urllib.error.HTTPError as exc:
-            try:
-                payload = exc.read(MAX_RESPONSE_BYTES)
-            except OSError:
-                payload = b""
-            finally:
-                exc.close()
-            return exc.code, payload
-        except (TimeoutError, urllib.error.URLError, OSError, ValueError) as exc:
-            reason = getattr(exc, "reason", exc)
-            with self._lock:
-                self._stats.unreachable += 1
-                self._stats.last_error = f"{route}: {reason}"
+
+        def unreachable(reason: object) -> None:
+            count_unreachable(self._lock, self._stats, route, reason)
             log.warning("triton.unreachable", base_url=base, route=route, reason=str(reason))
-            raise Unavailable(f"Triton {base}{route} unreachable: {reason}") from exc
+
+        status, payload, _ = http_request(ENGINE, method, base + route, timeout_s=self.timeout_s,
+                                          max_bytes=MAX_RESPONSE_BYTES, data=data, on_unreachable=unreachable)
+        return status, payload
 
     def _call(self, method: str, route: str, body: bytes | None = None) -> tuple[int, str]:
         """(status, error message) after turning 503 "Server exiting" into :class:`EngineExiting`."""
@@ -326,7 +297,8 @@ class TritonDriver:
         if status == 503 and message == NOT_EXPLICIT_MESSAGE:
             log.warning("triton.warm_path_unavailable", base_url=self.base_url, route=route, status=status,
                         fallback="cold_start")
-            raise WarmPathUnavailable(self.base_url, route, message)
+            raise WarmPathUnavailable(self.base_url, route, f": {message} (model control mode is not explicit)",
+                                      message=message)
         if status == 500 and route.endswith("/load"):
             raise ModelLoadFailed(self.model, status, message)
         if status == 400:
@@ -388,7 +360,7 @@ class TritonDriver:
                        and all(s.labels.get(k) == v for k, v in match.items())]
             if not samples:
                 if required:
-                    raise MetricsMalformed(name, "missing")
+                    raise MetricsMalformed(name, "missing", engine=ENGINE)
                 return None
             return _finite_sum(_field(name, match), samples)
 
@@ -404,9 +376,9 @@ class TritonDriver:
             waiting += trt_waiting
         kv_frac = model_sum(TRT_KV, False, kv_cache_block_type="fraction")
         if kv_frac is not None and not 0.0 <= kv_frac <= 1.0:
-            raise MetricsMalformed(_field(TRT_KV, {"kv_cache_block_type": "fraction"}), f"{kv_frac} is not a 0..1 fraction")
+            raise MetricsMalformed(_field(TRT_KV, {"kv_cache_block_type": "fraction"}), f"{kv_frac} is not a 0..1 fraction", engine=ENGINE)
         gpu = _gpu(families)
-        first = _cumulative_buckets([(s.labels, float(s.value)) for s in families.get(FIRST_RESPONSE, [])
+        first = cumulative_buckets([(s.labels, float(s.value)) for s in families.get(FIRST_RESPONSE, [])
                                      if s.name == FIRST_RESPONSE + "_bucket" and s.labels.get("model") == self.model])
         return _Parsed(
             scrape=_Scrape(now_ms, success, count, queue_us, request_us, first),
@@ -446,20 +418,16 @@ def _error_message(payload: bytes) -> str:
 
 def parse_exposition(body: bytes) -> dict[str, list[Any]]:
     """Family name -> samples. Any parse failure becomes :class:`MetricsMalformed`."""
-    try:
-        text = body.decode("utf-8")
-        return {f.name: list(f.samples) for f in text_string_to_metric_families(text)}
-    except (ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:
-        raise MetricsMalformed("exposition", f"unparseable Prometheus text: {exc}") from exc
+    return engine_http.parse_exposition(body, engine=ENGINE)
 
 
 def _finite_sum(name: str, samples: list[tuple[dict[str, str], float]]) -> float:
     total = 0.0
     for labels, value in samples:
         if not math.isfinite(value):
-            raise MetricsMalformed(name, f"non-finite value {value} for {labels}")
+            raise MetricsMalformed(name, f"non-finite value {value} for {labels}", engine=ENGINE)
         if value < 0:
-            raise MetricsMalformed(name, f"negative value {value} for {labels}")
+            raise MetricsMalformed(name, f"negative value {value} for {labels}", engine=ENGINE)
         total += value
     return total
 
@@ -471,33 +439,13 @@ def _gpu(families: dict[str, list[Any]]) -> tuple[int, int] | None:
     if not used and not total:
         return None
     if not used:
-        raise MetricsMalformed(GPU_USED, "missing")
+        raise MetricsMalformed(GPU_USED, "missing", engine=ENGINE)
     if not total:
-        raise MetricsMalformed(GPU_TOTAL, "missing")
+        raise MetricsMalformed(GPU_TOTAL, "missing", engine=ENGINE)
     u, t = _finite_sum(GPU_USED, used), _finite_sum(GPU_TOTAL, total)
     if u > t:
-        raise MetricsMalformed(GPU_USED, f"used {u} exceeds total {t}")
+        raise MetricsMalformed(GPU_USED, f"used {u} exceeds total {t}", engine=ENGINE)
     return int(u), int(t)
-
-
-def _cumulative_buckets(samples: list[tuple[dict[str, str], float]]) -> tuple[tuple[float, float], ...] | None:
-    """Per-``le`` cumulative counts summed over versions; None when absent, NaN or without +Inf."""
-    by_le: dict[float, float] = {}
-    for labels, value in samples:
-        try:
-            le = float(labels["le"])
-        except (KeyError, ValueError):
-            return None
-        if math.isnan(value):
-            return None
-        by_le[le] = by_le.get(le, 0.0) + value
-    if math.inf not in by_le:
-        return None
-    return tuple(sorted(by_le.items()))
-
-
-def _delta(previous: float, current: float) -> float:
-    return current if current < previous else current - previous
 
 
 def _derived(previous: _Scrape | None, current: _Scrape) -> tuple[int, str, float | None, float]:
@@ -518,19 +466,6 @@ def _derived(previous: _Scrape | None, current: _Scrape) -> tuple[int, str, floa
 
 
 def _first_response_p99_ms(previous: _Scrape | None, current: _Scrape) -> float | None:
-    if previous is None or previous.first_response is None or current.first_response is None:
+    if previous is None:
         return None
-    before = dict(previous.first_response)
-    same_layout = [le for le, _ in previous.first_response] == [le for le, _ in current.first_response]
-    if not same_layout or any(count < before[le] for le, count in current.first_response):
-        before = {}  # bucket layout changed or histogram reset (restart): count from zero
-    deltas = [(le, count - before.get(le, 0.0)) for le, count in current.first_response]
-    total = deltas[-1][1]
-    if total <= 0:
-        return None
-    rank = math.ceil(TTFT_QUANTILE * total - 1e-9)
-    finite = [le for le, _ in deltas if math.isfinite(le)]
-    for le, count in deltas:
-        if count >= rank:
-            return le if math.isfinite(le) else (finite[-1] if finite else math.inf)
-    return None
+    return histogram_delta_quantile(TTFT_QUANTILE, previous.first_response, current.first_response)

@@ -40,25 +40,37 @@ from __future__ import annotations
 import json
 import math
 import threading
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from prometheus_client.parser import text_string_to_metric_families
 
-from controlplane.domain.errors import (
-    PermanentError,
-    TemporaryError,
-    Unavailable,
-    ValidationError,
+from adapters import engine_http
+from adapters.engine_http import (
+    EngineRejected,
+    MetricsMalformed,
+    UnexpectedResponse,
+    WarmPathUnavailable,
+    count_unreachable,
+    counter_delta,
+    cumulative_buckets,
+    histogram_delta_quantile,
+    http_request,
 )
+from controlplane.domain.errors import ValidationError
 from controlplane.domain.ids import DeploymentId, InstanceId
 from controlplane.domain.observations import InstanceSample
 
+__all__ = [
+    "EngineRejected", "MetricsMalformed", "UnexpectedResponse", "VllmDriver", "WarmPathUnavailable",
+    "histogram_quantile_upper_ms", "parse_exposition",
+]
+
 log = structlog.get_logger("adapters.vllm")
+
+ENGINE = "vLLM"
+DEV_MODE_OFF = " is not routed (VLLM_SERVER_DEV_MODE is off)"
 
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 """Bound on a response body read (a /metrics page is tens of KiB)."""
@@ -71,38 +83,6 @@ KV_USAGE = "vllm:kv_cache_usage_perc"
 PROMPT_TOKENS = "vllm:prompt_tokens"  # counter family; sample name has _total
 GENERATION_TOKENS = "vllm:generation_tokens"
 TTFT = "vllm:time_to_first_token_seconds"
-
-
-class WarmPathUnavailable(PermanentError):
-    """The server has no dev-mode routes (sleep/wake): warm starts are impossible, use cold starts."""
-
-    def __init__(self, base_url: str, route: str) -> None:
-        super().__init__(f"{base_url}{route} is not routed (VLLM_SERVER_DEV_MODE is off): no warm path")
-        self.base_url = base_url
-        self.route = route
-
-
-class EngineRejected(ValidationError):
-    """The server answered 400 ErrorResponse: the request itself is invalid (e.g. sleep level 3)."""
-
-    def __init__(self, field_name: str, problem: str, *, status: int, error_type: str) -> None:
-        super().__init__(field_name, problem)
-        self.status = status
-        self.error_type = error_type
-
-
-class MetricsMalformed(TemporaryError):
-    """``/metrics`` could not be turned into a sample: ``field`` names what is wrong (``exposition``
-    for an unparseable page)."""
-
-    def __init__(self, field_name: str, problem: str) -> None:
-        super().__init__(f"vLLM metrics {field_name}: {problem}")
-        self.field = field_name
-        self.problem = problem
-
-
-class UnexpectedResponse(TemporaryError):
-    """The server answered with a status or body the contract does not describe."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,25 +121,13 @@ class VllmDriver:
         url = self.base_url + route
         if query:
             url += "?" + urllib.parse.urlencode(query)
-        req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                return resp.status, resp.read(MAX_RESPONSE_BYTES), resp.headers.get("Content-Type", "")
-        except urllib.error.HTTPError as exc:
-            try:
-                body = exc.read(MAX_RESPONSE_BYTES)
-            except OSError:
-                body = b""
-            finally:
-                exc.close()
-            return exc.code, body, exc.headers.get("Content-Type", "") if exc.headers else ""
-        except (TimeoutError, urllib.error.URLError, OSError, ValueError) as exc:
-            reason = getattr(exc, "reason", exc)
-            with self._lock:
-                self._stats.unreachable += 1
-                self._stats.last_error = f"{route}: {reason}"
+
+        def unreachable(reason: object) -> None:
+            count_unreachable(self._lock, self._stats, route, reason)
             log.warning("vllm.unreachable", base_url=self.base_url, route=route, reason=str(reason))
-            raise Unavailable(f"vLLM {self.base_url}{route} unreachable: {reason}") from exc
+
+        return http_request(ENGINE, method, url, timeout_s=self.timeout_s, max_bytes=MAX_RESPONSE_BYTES,
+                            data=b"" if method == "POST" else None, on_unreachable=unreachable)
 
     def _json_body(self, route: str, body: bytes) -> dict[str, Any]:
         try:
@@ -177,7 +145,7 @@ class VllmDriver:
         if status in (404, 405):
             log.warning("vllm.warm_path_unavailable", base_url=self.base_url, route=route, status=status,
                         fallback="cold_start")
-            raise WarmPathUnavailable(self.base_url, route)
+            raise WarmPathUnavailable(self.base_url, route, DEV_MODE_OFF)
         if status == 400:
             raise self._rejected(route, status, body)
         raise UnexpectedResponse(f"vLLM {route}: HTTP {status}: {body[:200]!r}")
@@ -269,12 +237,12 @@ class VllmDriver:
             gauges[name] = _finite_sum(name, values[name])
         kv = _finite_sum(KV_USAGE, values[KV_USAGE]) / len(values[KV_USAGE])
         if not 0.0 <= kv <= 1.0:
-            raise MetricsMalformed(KV_USAGE, f"{kv} is not a 0..1 fraction")
+            raise MetricsMalformed(KV_USAGE, f"{kv} is not a 0..1 fraction", engine=ENGINE)
         gauges[KV_USAGE] = kv
         for name in (RUNNING, WAITING):
             if gauges[name] < 0:
-                raise MetricsMalformed(name, f"negative value {gauges[name]}")
-        ttft = _cumulative_buckets(self._select(families.get(TTFT, []), TTFT + "_bucket", keep_le=True))
+                raise MetricsMalformed(name, f"negative value {gauges[name]}", engine=ENGINE)
+        ttft = cumulative_buckets(self._select(families.get(TTFT, []), TTFT + "_bucket", keep_le=True))
         return _Scrape(0, gauges[PROMPT_TOKENS], gauges[GENERATION_TOKENS], ttft), gauges
 
     def _select(self, samples: list[Any], sample_name: str, *, keep_le: bool = False) -> list[tuple[dict[str, str], float]]:
@@ -288,68 +256,39 @@ class VllmDriver:
             out.append((s.labels, float(s.value)))
         models = {labels.get("model_name") for labels, _ in out}
         if self.model_name is None and len(models) > 1:
-            raise MetricsMalformed(sample_name, f"several models {sorted(map(str, models))}: pass model_name")
+            raise MetricsMalformed(sample_name, f"several models {sorted(map(str, models))}: pass model_name", engine=ENGINE)
         return out
 
 
 def parse_exposition(body: bytes) -> dict[str, list[Any]]:
     """Family name -> samples. Any parse failure becomes :class:`MetricsMalformed`."""
-    try:
-        text = body.decode("utf-8")
-        return {f.name: list(f.samples) for f in text_string_to_metric_families(text)}
-    except (ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:
-        raise MetricsMalformed("exposition", f"unparseable Prometheus text: {exc}") from exc
+    return engine_http.parse_exposition(body, engine=ENGINE)
 
 
 def _finite_sum(name: str, samples: list[tuple[dict[str, str], float]]) -> float:
     if not samples:
-        raise MetricsMalformed(name, "missing")
+        raise MetricsMalformed(name, "missing", engine=ENGINE)
     total = 0.0
     for labels, value in samples:
         if not math.isfinite(value):
-            raise MetricsMalformed(name, f"non-finite value {value} for engine {labels.get('engine')!r}")
+            raise MetricsMalformed(name, f"non-finite value {value} for engine {labels.get('engine')!r}", engine=ENGINE)
         total += value
     return total
-
-
-def _cumulative_buckets(samples: list[tuple[dict[str, str], float]]) -> tuple[tuple[float, float], ...] | None:
-    """Per-``le`` cumulative counts summed over engines; None when absent, NaN or without +Inf."""
-    by_le: dict[float, float] = {}
-    for labels, value in samples:
-        try:
-            le = float(labels["le"])
-        except (KeyError, ValueError):
-            return None
-        if math.isnan(value):
-            return None
-        by_le[le] = by_le.get(le, 0.0) + value
-    if math.inf not in by_le:
-        return None
-    return tuple(sorted(by_le.items()))
-
-
-def _counter_delta(previous: float, current: float) -> float:
-    return current if current < previous else current - previous
 
 
 def _rates(previous: _Scrape | None, current: _Scrape) -> tuple[float, float]:
     if previous is None or current.at_ms <= previous.at_ms:
         return 0.0, 0.0
     seconds = (current.at_ms - previous.at_ms) / 1000.0
-    return (_counter_delta(previous.prompt_tokens, current.prompt_tokens) / seconds,
-            _counter_delta(previous.generation_tokens, current.generation_tokens) / seconds)
+    return (counter_delta(previous.prompt_tokens, current.prompt_tokens) / seconds,
+            counter_delta(previous.generation_tokens, current.generation_tokens) / seconds)
 
 
 def _ttft_p99_ms(previous: _Scrape | None, current: _Scrape) -> float | None:
-    if previous is None or previous.ttft_buckets is None or current.ttft_buckets is None:
+    if previous is None:
         return None
-    before = dict(previous.ttft_buckets)
-    if [le for le, _ in previous.ttft_buckets] != [le for le, _ in current.ttft_buckets]:
-        before = {}  # bucket layout changed (restart with other buckets): count from zero
-    elif any(count < before[le] for le, count in current.ttft_buckets):
-        before = {}  # histogram reset (server restart)
-    deltas = [(le, count - before.get(le, 0.0)) for le, count in current.ttft_buckets]
-    return histogram_quantile_upper_ms(TTFT_QUANTILE, deltas)
+    seconds = histogram_delta_quantile(TTFT_QUANTILE, previous.ttft_buckets, current.ttft_buckets)
+    return None if seconds is None else seconds * 1000.0
 
 
 def histogram_quantile_upper_ms(q: float, cumulative: list[tuple[float, float]]) -> float | None:
@@ -358,13 +297,5 @@ def histogram_quantile_upper_ms(q: float, cumulative: list[tuple[float, float]])
     ``cumulative`` is (le seconds, cumulative count) sorted by le with +Inf last; None when n == 0. A
     quantile in the +Inf bucket reports the largest finite bound.
     """
-    total = cumulative[-1][1]
-    if total <= 0:
-        return None
-    rank = math.ceil(q * total - 1e-9)  # guard float noise: 0.99 * 100 must be rank 99, not 100
-    finite = [le for le, _ in cumulative if math.isfinite(le)]
-    for le, count in cumulative:
-        if count >= rank:
-            bound = le if math.isfinite(le) else (finite[-1] if finite else math.inf)
-            return bound * 1000.0
-    return None
+    seconds = engine_http.histogram_quantile_upper(q, cumulative)
+    return None if seconds is None else seconds * 1000.0

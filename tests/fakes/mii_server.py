@@ -35,11 +35,17 @@ from __future__ import annotations
 
 import json
 import socketserver
-import threading
 import time
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Self
+from typing import Any
+
+from tests.fakes.base import (
+    FakeHandler,
+    FakeHttpServer,
+    FakeServer,
+    Listener,
+    http_factory,
+)
 
 GENERATE_KWARGS = frozenset({
     "max_length", "max_new_tokens", "min_new_tokens", "stream", "ignore_eos", "return_full_text",
@@ -68,9 +74,7 @@ def flask_error_page(status: int) -> bytes:
             f"<p>{text}</p>\n").encode()
 
 
-class _HttpServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
+class _HttpServer(FakeHttpServer):
     fake: FakeMiiServer
 
 
@@ -84,75 +88,26 @@ class _TcpServer(socketserver.ThreadingTCPServer):
     allow_reuse_address = True
 
 
-class _Listener:
-    """A server bound to a fixed 127.0.0.1 port that can stop listening (refuse) and listen again."""
-
-    def __init__(self, factory: Any, name: str) -> None:
-        self.factory, self.name = factory, name
-        self.port = 0
-        self.server: socketserver.TCPServer | None = None
-        self.thread: threading.Thread | None = None
-        self.listening = False
-
-    def bind(self) -> None:
-        if self.server is not None:
-            return
-        server = self.factory(("127.0.0.1", self.port))
-        try:
-            server.server_bind()
-        except OSError:
-            server.server_close()
-            raise
-        self.server = server
-        self.port = server.server_address[1]
-
-    def listen(self) -> None:
-        self.bind()
-        if self.listening:
-            return
-        assert self.server is not None
-        self.server.server_activate()
-        self.listening = True
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
-                                       name=f"fake-mii-{self.name}-{self.port}", daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        server, self.server = self.server, None
-        if server is None:
-            return
-        if self.listening:
-            server.shutdown()
-            self.listening = False
-        if self.thread is not None:
-            self.thread.join(timeout=5)
-            self.thread = None
-        server.server_close()
-
-
-class FakeMiiServer:
+class FakeMiiServer(FakeServer):
     """One fake MII deployment on 127.0.0.1. Use :meth:`start` / :meth:`stop` (or a ``with`` block)."""
 
     def __init__(self, *, deployment_name: str = "mii-llama") -> None:
+        super().__init__()
         self.deployment_name = deployment_name
-        self.lock = threading.Lock()
         self.down = False
         self.slow_s = 0.0
         self.error_status: int | None = None
         self.body_override: bytes | None = None
         self.reply_text = "pong"
-        self.requests: list[tuple[str, str, str, bytes]] = []
+        self.requests: list[tuple[str, str, str, bytes]]
         self.generated_prompts: list[str] = []
+        self._rest = Listener(http_factory(_HttpServer, _Handler, self), "fake-mii-rest")
+        self._lb = Listener(lambda addr: _TcpServer(addr, _AcceptAndClose, bind_and_activate=False), "fake-mii-lb")
 
-        def http(addr: tuple[str, int]) -> _HttpServer:
-            server = _HttpServer(addr, _Handler, bind_and_activate=False)
-            server.fake = self
-            return server
+    # -- lifecycle (start / stop / begin_loading: tests.fakes.base.FakeServer) -------------------
+    def listeners(self) -> tuple[Listener, ...]:
+        return (self._rest, self._lb)
 
-        self._rest = _Listener(http, "rest")
-        self._lb = _Listener(lambda addr: _TcpServer(addr, _AcceptAndClose, bind_and_activate=False), "lb")
-
-    # -- lifecycle ------------------------------------------------------------------------------
     @property
     def rest_port(self) -> int:
         return self._rest.port
@@ -170,42 +125,18 @@ class FakeMiiServer:
     def grpc_address(self) -> str:
         return f"127.0.0.1:{self._lb.port}"
 
-    def start(self, *, loading: bool = False) -> FakeMiiServer:
-        self._rest.bind()
-        self._lb.bind()
-        if not loading:
-            self.finish_loading()
-        return self
-
     def finish_loading(self) -> None:
         self._rest.listen()
         if not self.down:
             self._lb.listen()
 
-    def begin_loading(self) -> None:
-        """Restart into the loading phase: both ports bound, not listening (connects refused)."""
-        for listener in (self._rest, self._lb):
-            listener.close()
-            listener.bind()
-
     def set_down(self, down: bool) -> None:
         """LB (and replicas) gone while the gateway stays up; ``False`` brings the LB back."""
         self.down = down
         if down:
-            self._lb.close()
-            self._lb.bind()
+            self._lb.rebind()
         elif self._rest.listening:
             self._lb.listen()
-
-    def stop(self) -> None:
-        self._rest.close()
-        self._lb.close()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     # -- the "model" ----------------------------------------------------------------------------
     def generate(self, kwargs: Any) -> list[dict[str, Any]] | None:
@@ -232,37 +163,19 @@ class FakeMiiServer:
         return out
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(FakeHandler):
     server: _HttpServer
     server_version = "Werkzeug/3.1.3"
     sys_version = "Python/3.11"
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-    def do_GET(self) -> None:
-        self._dispatch("GET")
-
-    def do_POST(self) -> None:
-        self._dispatch("POST")
-
-    def _send(self, status: int, body: bytes, content_type: str) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
 
     def _error(self, status: int) -> None:
         self._send(status, flask_error_page(status), "text/html; charset=utf-8")
 
     def _dispatch(self, method: str) -> None:
         fake = self.server.fake
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length else b""
+        body = self._body()
         content_type = self.headers.get("Content-Type", "")
-        with fake.lock:
-            fake.requests.append((method, self.path, content_type, body))
+        fake.record(method, self.path, content_type, body)
         path = self.path.split("?", 1)[0]
         if path == "/healthz":
             if method != "GET":

@@ -36,9 +36,14 @@ from __future__ import annotations
 import json
 import math
 import re
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Self
+
+from tests.fakes.base import (
+    FakeHandler,
+    FakeHttpServer,
+    FakeServer,
+    Listener,
+    http_factory,
+)
 
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4"
 FIRST_RESPONSE_BUCKETS: tuple[float, ...] = (100.0, 500.0, 2000.0, 5000.0)
@@ -63,66 +68,18 @@ def _num(value: float) -> str:
     return repr(float(value))
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
+class _Server(FakeHttpServer):
     fake: FakeTritonServer
 
 
-class _Listener:
-    """One bound socket that listens on demand (same port across restarts)."""
-
-    def __init__(self, fake: FakeTritonServer, handler: type[BaseHTTPRequestHandler], name: str) -> None:
-        self.fake, self.handler, self.name = fake, handler, name
-        self.port = 0
-        self.server: _Server | None = None
-        self.thread: threading.Thread | None = None
-        self.listening = False
-
-    def bind(self) -> None:
-        server = _Server(("127.0.0.1", self.port), self.handler, bind_and_activate=False)
-        server.fake = self.fake
-        try:
-            server.server_bind()
-        except OSError:
-            server.server_close()
-            raise
-        self.server = server
-        self.port = server.server_address[1]
-
-    def listen(self) -> None:
-        if self.server is None:
-            self.bind()
-        if self.listening:
-            return
-        assert self.server is not None
-        self.server.server_activate()
-        self.listening = True
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
-                                       name=f"fake-triton-{self.name}-{self.port}", daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        server, self.server = self.server, None
-        if server is None:
-            return
-        if self.listening:
-            server.shutdown()
-            self.listening = False
-        if self.thread is not None:
-            self.thread.join(timeout=5)
-            self.thread = None
-        server.server_close()
-
-
-class FakeTritonServer:
+class FakeTritonServer(FakeServer):
     """One fake Triton on 127.0.0.1. Use :meth:`start` / :meth:`stop` (or a ``with`` block)."""
 
     def __init__(self, *, models: dict[str, str] | None = None, model_control_mode: str = "none",
                  gpu_uuid: str | None = "GPU-0000") -> None:
         if model_control_mode not in ("none", "poll", "explicit"):
             raise ValueError(model_control_mode)
-        self.lock = threading.Lock()
+        super().__init__()
         self.model_control_mode = model_control_mode
         self.models: dict[str, str] = dict(models if models is not None else {"llm": "READY"})
         self.versions: dict[str, str] = {m: "1" for m, s in self.models.items() if s != "UNAVAILABLE"}
@@ -149,11 +106,14 @@ class FakeTritonServer:
         self.garbage_line: str | None = None
         self.nan_metrics: set[str] = set()
         self.missing_metrics: set[str] = set()
-        self.requests: list[tuple[str, str, bytes]] = []
-        self._http = _Listener(self, _HttpHandler, "http")
-        self._metrics = _Listener(self, _MetricsHandler, "metrics")
+        self.requests: list[tuple[str, str, bytes]]
+        self._http = Listener(http_factory(_Server, _HttpHandler, self), "fake-triton-http")
+        self._metrics = Listener(http_factory(_Server, _MetricsHandler, self), "fake-triton-metrics")
 
-    # -- lifecycle ------------------------------------------------------------------------------
+    # -- lifecycle (start / stop / begin_loading / finish_loading: tests.fakes.base.FakeServer) --------
+    def listeners(self) -> tuple[Listener, ...]:
+        return (self._http, self._metrics)
+
     @property
     def port(self) -> int:
         return self._http.port
@@ -165,27 +125,6 @@ class FakeTritonServer:
     @property
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self._metrics.port}"
-
-    def start(self, *, loading: bool = False) -> FakeTritonServer:
-        self._http.bind()
-        self._metrics.bind()
-        if not loading:
-            self.finish_loading()
-        return self
-
-    def finish_loading(self) -> None:
-        self._http.listen()
-        self._metrics.listen()
-
-    def stop(self) -> None:
-        self._http.close()
-        self._metrics.close()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     # -- knobs ----------------------------------------------------------------------------------
     def observe_first_response(self, *ms: float) -> None:
@@ -307,30 +246,14 @@ class FakeTritonServer:
         return rows
 
 
-class _Base(BaseHTTPRequestHandler):
+class _Base(FakeHandler):
     server: _Server
     server_version = "triton"
     sys_version = ""
     protocol_version = "HTTP/1.1"
 
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-    def _send(self, status: int, body: bytes = b"", content_type: str | None = None) -> None:
-        self.send_response(status)
-        if content_type is not None:
-            self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if body:
-            self.wfile.write(body)
-
     def _error(self, status: int, message: str) -> None:
         self._send(status, json.dumps({"error": message}, separators=(",", ":")).encode(), "application/json")
-
-    def _body(self) -> bytes:
-        length = int(self.headers.get("Content-Length") or 0)
-        return self.rfile.read(length) if length else b""
 
 
 class _MetricsHandler(_Base):
@@ -343,12 +266,6 @@ class _MetricsHandler(_Base):
 
 
 class _HttpHandler(_Base):
-    def do_GET(self) -> None:
-        self._dispatch("GET")
-
-    def do_POST(self) -> None:
-        self._dispatch("POST")
-
     def do_PUT(self) -> None:
         self._dispatch("PUT")
 

@@ -27,12 +27,9 @@ Threads: one ``serve_forever`` thread per listening period plus one daemon threa
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Self
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -42,6 +39,17 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     Metric,
 )
+
+from tests.fakes.base import (
+    FakeHandler,
+    FakeHttpServer,
+    FakeServer,
+    Listener,
+    http_factory,
+    refused,
+)
+
+__all__ = ["TTFT_BUCKETS", "VLLM_VERSION", "FakeVllmServer", "error_response", "refused"]
 
 VLLM_VERSION = "0.33.0"
 
@@ -60,19 +68,17 @@ def _le(bound: float) -> str:
     return "+Inf" if bound == float("inf") else repr(float(bound))
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
+class _Server(FakeHttpServer):
     fake: FakeVllmServer
 
 
-class FakeVllmServer:
+class FakeVllmServer(FakeServer):
     """One fake vLLM instance on 127.0.0.1. Use :meth:`start` / :meth:`stop` (or a ``with`` block)."""
 
     def __init__(self, *, model_name: str = "meta-llama/Llama-3.1-8B-Instruct", dev_mode: bool = False) -> None:
+        super().__init__()
         self.model_name = model_name
         self.dev_mode = dev_mode
-        self.lock = threading.Lock()
         self.running = 0
         self.waiting = 0
         self.kv_usage = 0.0
@@ -84,82 +90,23 @@ class FakeVllmServer:
         self.missing_metrics: set[str] = set()
         self.sleep_level: int | None = None
         self.asleep_tags: set[str] = set()
-        self.requests: list[tuple[str, str]] = []
+        self.requests: list[tuple[str, str]]
         """(method, path-with-query) of every request served, for assertions."""
         self._ttft: list[float] = []
         self._created = time.time()
-        self._port = 0
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
-        self._listening = False
+        self._listener = Listener(http_factory(_Server, _Handler, self), "fake-vllm")
 
-    # -- lifecycle ------------------------------------------------------------------------------
+    # -- lifecycle (start / stop / begin_loading / finish_loading: tests.fakes.base.FakeServer) --------
+    def listeners(self) -> tuple[Listener, ...]:
+        return (self._listener,)
+
     @property
     def port(self) -> int:
-        return self._port
+        return self._listener.port
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self._port}"
-
-    def start(self, *, loading: bool = False) -> FakeVllmServer:
-        """Bind 127.0.0.1 (port 0 the first time, the same port afterwards); listen unless ``loading``."""
-        self._bind()
-        if not loading:
-            self.finish_loading()
-        return self
-
-    def _bind(self) -> None:
-        server = _Server(("127.0.0.1", self._port), _Handler, bind_and_activate=False)
-        server.fake = self
-        try:
-            server.server_bind()
-        except OSError:
-            server.server_close()
-            raise
-        self._server = server
-        self._port = server.server_address[1]
-
-    def finish_loading(self) -> None:
-        """The engine is up: start listening and serving (uvicorn starts after engine init)."""
-        if self._server is None:
-            self._bind()
-        if self._listening:
-            return
-        assert self._server is not None
-        self._server.server_activate()
-        self._listening = True
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name=f"fake-vllm-{self._port}",
-            daemon=True,
-        )
-        self._thread.start()
-
-    def begin_loading(self) -> None:
-        """Model (re)load: keep the port bound but stop listening, so connects are refused."""
-        self._close()
-        self._bind()
-
-    def stop(self) -> None:
-        self._close()
-
-    def _close(self) -> None:
-        server, self._server = self._server, None
-        if server is None:
-            return
-        if self._listening:
-            server.shutdown()
-            self._listening = False
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
-        server.server_close()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        return f"http://127.0.0.1:{self._listener.port}"
 
     # -- knobs ----------------------------------------------------------------------------------
     def observe_ttft(self, *seconds: float) -> None:
@@ -270,41 +217,20 @@ _ROUTES: dict[str, tuple[tuple[str, ...], bool]] = {
 }
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(FakeHandler):
     server: _Server
     server_version = "uvicorn"
     sys_version = ""
 
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-    def do_GET(self) -> None:
-        self._dispatch("GET")
-
-    def do_POST(self) -> None:
-        self._dispatch("POST")
-
     # -- plumbing -------------------------------------------------------------------------------
-    def _send(self, status: int, body: bytes = b"", content_type: str | None = None) -> None:
-        self.send_response(status)
-        if content_type is not None:
-            self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if body:
-            self.wfile.write(body)
-
     def _json(self, status: int, obj: Any) -> None:
         self._send(status, json.dumps(obj, separators=(",", ":")).encode(), "application/json")
 
     def _dispatch(self, method: str) -> None:
         fake = self.server.fake
         url = urlsplit(self.path)
-        length = int(self.headers.get("Content-Length") or 0)
-        if length:
-            self.rfile.read(length)
-        with fake.lock:
-            fake.requests.append((method, self.path))
+        self._body()
+        fake.record(method, self.path)
         route = _ROUTES.get(url.path)
         if route is None or (route[1] and not fake.dev_mode):
             self._json(404, {"detail": "Not Found"})
@@ -374,11 +300,3 @@ class _Handler(BaseHTTPRequestHandler):
     def _r_is_sleeping(self, query: dict[str, list[str]]) -> None:
         self._json(200, {"is_sleeping": self.server.fake.sleep_level is not None})
 
-
-def refused(port: int) -> bool:
-    """True when a TCP connect to 127.0.0.1:port is refused (used by tests of the loading phase)."""
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
-            return False
-    except ConnectionRefusedError:
-        return True
