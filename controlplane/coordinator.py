@@ -89,10 +89,6 @@ class Coordinator:
         self.node.stop()
         log.info("coordinator_stopped", node_id=self.cfg.node_id)
 
-    def wait(self) -> None:
-        while not self._stop.wait(0.5):
-            pass
-
     # --- the control loop thread -------------------------------------------------------------------
     def _run_loop(self) -> None:
         period_s = self.cfg.tick_ms / 1000

@@ -44,7 +44,6 @@ class SimRequest:
     prompt: int
     output: int
     first_token_ms: int = -1
-    done: bool = False
     dropped: bool = False
 
 
@@ -78,14 +77,12 @@ class SimFleet:
     def __init__(
         self,
         profiles: dict[DeploymentId, ModelProfile],
-        gpus: dict[DeploymentId, int],
         schedule: Callable[[float, int, object], None],
         rng: random.Random,
         warmup_failure: Callable[[ClusterId, DeploymentId, int], float],
         on_request_done: Callable[[SimRequest, int], None],
     ) -> None:
         self._profiles = profiles
-        self._gpus = gpus
         self._schedule = schedule
         self._rng = rng
         self._warmup_failure = warmup_failure
@@ -279,7 +276,6 @@ class SimFleet:
         req = sim.running.pop(payload[2], None)
         if req is None:
             return
-        req.done = True
         sim.kv_used -= req.prompt + req.output
         self._on_request_done(req, now_ms)
         self._admit(sim, now_ms)

@@ -84,7 +84,7 @@ class Simulation:
         profiles = {d.id: PROFILES[d.model] for d in scenario.deployments}
         self.collector = Collector(scenario, self.tick_ms)
         self.fleet = SimFleet(
-            profiles, {d.id: d.gpus_per_instance for d in scenario.deployments}, self._schedule,
+            profiles, self._schedule,
             random.Random(f"{seed}:fleet"), self._failure_probability, self.collector.request_done,
         )
         self.registry = CollectorRegistry()
@@ -197,7 +197,7 @@ class Simulation:
         self.loop.tick(now_ms)
         for d in self.scenario.deployments:
             self.fleet.dispatch_gateway(d.id, now_ms)
-        self.collector.tick(now_ms, self.state, self.fleet)
+        self.collector.tick(now_ms, self.state)
         if self._progress is not None and (now_ms // self.tick_ms) % 400 == 0:
             self._progress(now_ms, self.end_ms)
         if now_ms + self.tick_ms <= self.end_ms:

@@ -105,7 +105,7 @@ class Collector:
                 counts.warm_starts += 1
         counts.preemptions += preempted
 
-    def tick(self, now_ms: int, state: ControlState, fleet) -> None:
+    def tick(self, now_ms: int, state: ControlState) -> None:
         self.ticks += 1
         for d in self._deps:
             desired = state.desired.get(d)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 
 import pytest
@@ -25,6 +23,7 @@ from controlplane.domain.errors import (
     ValidationError,
 )
 from controlplane.domain.ids import DeploymentId, InstanceId
+from tests.fakes.base import http_call
 from tests.fakes.mii_server import FakeMiiServer, flask_error_page
 from tests.fakes.vllm_server import refused
 
@@ -48,15 +47,7 @@ def driver_for(server: FakeMiiServer, timeout_s: float = 2.0) -> MiiDriver:
 
 def raw(server: FakeMiiServer, method: str, path: str, body: bytes | None = None,
         content_type: str | None = None) -> tuple[int, bytes, str]:
-    headers = {"Content-Type": content_type} if content_type else {}
-    req = urllib.request.Request(f"http://127.0.0.1:{server.rest_port}{path}", method=method, data=body,
-                                 headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=2) as resp:
-            return resp.status, resp.read(), resp.headers["Content-Type"]
-    except urllib.error.HTTPError as exc:
-        with exc:
-            return exc.code, exc.read(), exc.headers["Content-Type"]
+    return http_call(f"http://127.0.0.1:{server.rest_port}{path}", method, body, content_type)
 
 
 # -- the fake itself -------------------------------------------------------------------------------

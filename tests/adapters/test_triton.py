@@ -28,6 +28,7 @@ from controlplane.domain.errors import (
     ValidationError,
 )
 from controlplane.domain.ids import DeploymentId, InstanceId
+from tests.fakes.base import http_call
 from tests.fakes.triton_server import NOT_EXPLICIT, FakeTritonServer
 from tests.fakes.vllm_server import refused
 
@@ -60,14 +61,7 @@ def driver_for(server: FakeTritonServer, model: str = MODEL) -> TritonDriver:
 
 
 def raw(url: str, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes, str]:
-    data = (body or b"") if method == "POST" else None
-    req = urllib.request.Request(url + path, method=method, data=data)
-    try:
-        with urllib.request.urlopen(req, timeout=2) as resp:
-            return resp.status, resp.read(), resp.headers.get("Content-Type", "")
-    except urllib.error.HTTPError as exc:
-        with exc:
-            return exc.code, exc.read(), exc.headers.get("Content-Type", "")
+    return http_call(url + path, method, body)
 
 
 def err(msg: str) -> bytes:

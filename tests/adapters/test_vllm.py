@@ -27,6 +27,7 @@ from controlplane.domain.errors import (
     ValidationError,
 )
 from controlplane.domain.ids import DeploymentId, InstanceId
+from tests.fakes.base import http_call
 from tests.fakes.vllm_server import TTFT_BUCKETS, FakeVllmServer, refused
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -57,13 +58,7 @@ def driver_for(server: FakeVllmServer, model_name: str | None = MODEL) -> VllmDr
 
 
 def raw(server: FakeVllmServer, method: str, path: str) -> tuple[int, bytes, str]:
-    req = urllib.request.Request(server.base_url + path, method=method, data=b"" if method == "POST" else None)
-    try:
-        with urllib.request.urlopen(req, timeout=2) as resp:
-            return resp.status, resp.read(), resp.headers.get("Content-Type", "")
-    except urllib.error.HTTPError as exc:
-        with exc:
-            return exc.code, exc.read(), exc.headers.get("Content-Type", "")
+    return http_call(server.base_url + path, method)
 
 
 # -- the fake itself follows the contract ---------------------------------------------------------

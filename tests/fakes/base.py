@@ -15,6 +15,8 @@ from __future__ import annotations
 import socket
 import socketserver
 import threading
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -186,3 +188,18 @@ def refused(port: int) -> bool:
             return False
     except ConnectionRefusedError:
         return True
+
+
+def http_call(url: str, method: str = "GET", body: bytes | None = None,
+              content_type: str | None = None) -> tuple[int, bytes, str]:
+    """One raw HTTP exchange with a fake: (status, body, Content-Type), error statuses included.
+    A POST without a body sends an empty one."""
+    data = body if body is not None else (b"" if method == "POST" else None)
+    headers = {"Content-Type": content_type} if content_type else {}
+    req = urllib.request.Request(url, method=method, data=data, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=2) as resp:
+            return resp.status, resp.read(), resp.headers.get("Content-Type", "")
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, exc.read(), exc.headers.get("Content-Type", "")
