@@ -1,37 +1,71 @@
-"""The adapter side of fencing: a guard that persists the highest epoch it has accepted, idempotent
-command handling, and the gRPC service the coordinators call.
+"""The adapter service: fencing, idempotent commands, and the observation stream with its ring buffer.
 
-The guard is what makes split brain harmless: a coordinator that lost its lease (paused, cut off)
-may still *send*, but every command below the highest persisted epoch is refused with
-FAILED_PRECONDITION, and an equal epoch from a different holder too (a log rolled back by
+**Fencing.** A :class:`FencingGuard` persists the highest (epoch, holder) accepted. It is what makes
+split brain harmless: a coordinator that lost its lease (paused, cut off) may still *send*, but every
+command below the highest persisted epoch is refused with FAILED_PRECONDITION (and trailing metadata
+``cp-error: stale-epoch``), and an equal epoch from a different holder too (a log rolled back by
 correlated power loss could hand the same epoch to two nodes). The epoch is written to disk
 (atomically, fsync'ed) *before* a command with a new epoch is acknowledged, so an adapter restart
 never forgets it.
 
-The backend that carries commands out is pluggable (``Backend``); ``RecordingBackend`` writes each
-accepted command as a JSON line, which is what the fault tests inspect.
+**Commands** are carried out by a pluggable :class:`~adapters.backend.Backend` (Kubernetes, the
+real-time simulator, or :class:`RecordingBackend` for the fault tests), one at a time. A request id
+is remembered as applied only once the backend has carried it out, so a command that failed with
+UNAVAILABLE can be sent again under the same id; a repeated id that did apply is acknowledged with
+``applied=false`` and not carried out again.
+
+**Observations.** An :class:`ObservationHub` asks the backend for an observation every interval
+(250 ms by default), numbers it, keeps the last ``ring_s`` seconds in a ring buffer and hands each
+batch to every open ``Observe`` stream. ``Recent`` returns the ring buffer: a new lease holder reads
+it to rebuild its signal filters and to see lifecycle reports the previous holder may not have
+committed.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
-from collections import OrderedDict
+import time
+import uuid
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 import grpc
+import structlog
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
 
+from adapters.backend import INSTANCE_ACTIONS, Backend, FenceToken, InstanceCommand, InstanceSpec, ScaleCommand
+from adapters.wire import batch_of
 from controlplane.api.v1 import adapter_pb2, adapter_pb2_grpc
-from controlplane.domain.errors import StaleEpoch, Unavailable, ValidationError
-from controlplane.ports import ADAPTER_ACTIONS
+from controlplane.domain.errors import (
+    ControlPlaneError,
+    NotFound,
+    StaleEpoch,
+    TemporaryError,
+    Unavailable,
+    ValidationError,
+)
+from controlplane.domain.observations import Observations
 from raft.lease import check_fence
+
+log = structlog.get_logger("adapters.service")
 
 MAX_REMEMBERED_REQUESTS = 100_000
 """Idempotency memory: request ids applied recently (oldest forgotten first)."""
+MAX_STREAMS = 16
+"""Open Observe streams per adapter (each holds a server thread); more get RESOURCE_EXHAUSTED."""
+STALE_EPOCH_METADATA = ("cp-error", "stale-epoch")
+SERVICE_NAME = adapter_pb2.DESCRIPTOR.services_by_name["ClusterAdapter"].full_name
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 class FencingGuard:
@@ -73,27 +107,36 @@ class FencingGuard:
                 self.epoch, self.holder = epoch, holder
 
 
-class Backend(Protocol):
-    def apply(self, request: adapter_pb2.ApplyRequest) -> None: ...
-
-
 class RecordingBackend:
     """Accepts every command and appends it as a JSON line to ``path`` (fsync'ed per line), together
-    with every accepted fence and every rejected (stale) attempt: the evidence fault tests read."""
+    with every accepted fence and every rejected (stale) attempt: the evidence fault tests read. It
+    runs no instances, so it observes nothing."""
 
     def __init__(self, path: Path) -> None:
         self._path = path
         self._lock = threading.Lock()
 
-    def apply(self, request: adapter_pb2.ApplyRequest) -> None:
-        self._write({"request_id": request.request_id, "action": request.action, "epoch": request.fence.epoch,
-                     "seq": request.fence.seq, "holder": request.fence.holder,
-                     "instance_id": request.instance.instance_id, "accepted": True})
+    def apply(self, command: InstanceCommand, now_ms: int) -> None:
+        f = command.fence
+        self._write({"request_id": command.request_id, "action": command.action, "epoch": f.epoch, "seq": f.seq,
+                     "holder": f.holder, "instance_id": command.instance.instance_id, "accepted": True})
 
-    def fence(self, token: adapter_pb2.FenceToken) -> None:
+    def scale(self, command: ScaleCommand, now_ms: int) -> None:
+        f = command.fence
+        self._write({"request_id": command.request_id, "action": "scale", "epoch": f.epoch, "seq": f.seq,
+                     "holder": f.holder, "deployment_id": command.deployment_id, "replicas": command.replicas,
+                     "victims": list(command.victims), "accepted": True})
+
+    def observe(self, now_ms: int) -> Observations:
+        return Observations(now_ms)
+
+    def close(self) -> None:
+        pass
+
+    def fence(self, token: FenceToken) -> None:
         self._write({"action": "fence", "epoch": token.epoch, "seq": token.seq, "holder": token.holder, "accepted": True})
 
-    def rejected(self, what: str, token: adapter_pb2.FenceToken, reason: str) -> None:
+    def rejected(self, what: str, token: FenceToken, reason: str) -> None:
         self._write({"action": what, "epoch": token.epoch, "seq": token.seq, "holder": token.holder,
                      "accepted": False, "reason": reason})
 
@@ -105,118 +148,255 @@ class RecordingBackend:
             os.fsync(f.fileno())
 
 
+class ObservationHub:
+    """Polls the backend every ``interval_ms``, numbers the batches and keeps ``ring_s`` of them."""
+
+    def __init__(self, cluster_id: str, backend: Backend, *, interval_ms: int = 250, ring_s: float = 120.0,
+                 clock_ms: Callable[[], int] = wall_ms) -> None:
+        if interval_ms <= 0:
+            raise ValidationError("observe_interval_ms", f"must be > 0, got {interval_ms}")
+        self.cluster_id = cluster_id
+        self.interval_ms = interval_ms
+        self.stream_id = uuid.uuid4().hex[:16]
+        self._backend = backend
+        self._clock_ms = clock_ms
+        self._ring: deque[adapter_pb2.ObservationBatch] = deque(maxlen=max(1, math.ceil(ring_s * 1000 / interval_ms)))
+        self._cond = threading.Condition()
+        self._seq = 0
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.observe_errors = 0
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"observe-{self.cluster_id}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        with self._cond:
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(5.0)
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped.is_set()
+
+    def _run(self) -> None:
+        period_s = self.interval_ms / 1000
+        next_at = time.monotonic()
+        while not self._stopped.is_set():
+            self.pump()
+            next_at += period_s
+            self._stopped.wait(max(0.0, next_at - time.monotonic()))
+            next_at = max(next_at, time.monotonic() - period_s)  # never catch up a backlog
+
+    def pump(self) -> adapter_pb2.ObservationBatch:
+        """Take one observation from the backend and publish it (the thread calls this every interval)."""
+        now = self._clock_ms()
+        try:
+            obs = self._backend.observe(now)
+        except Exception as exc:  # a backend bug must not stop the stream: publish an empty batch
+            self.observe_errors += 1
+            log.error("observe_failed", cluster=self.cluster_id, error=f"{type(exc).__name__}: {exc}")
+            obs = Observations(now)
+        with self._cond:
+            self._seq += 1
+            batch = batch_of(self.cluster_id, self._seq, self.stream_id, obs)
+            self._ring.append(batch)
+            self._cond.notify_all()
+        return batch
+
+    def after(self, seq: int, timeout_s: float) -> list[adapter_pb2.ObservationBatch]:
+        """Batches newer than ``seq`` (waiting up to ``timeout_s`` for one)."""
+        with self._cond:
+            if self._seq <= seq and not self._stopped.is_set():
+                self._cond.wait(timeout_s)
+            return [b for b in self._ring if b.seq > seq]
+
+    def recent(self, max_age_ms: int) -> tuple[int, list[adapter_pb2.ObservationBatch]]:
+        now = self._clock_ms()
+        with self._cond:
+            return now, [b for b in self._ring if b.at_ms >= now - max_age_ms]
+
+
+def _token(msg: adapter_pb2.FenceToken) -> FenceToken:
+    return FenceToken(msg.epoch, msg.seq, msg.holder)
+
+
 class AdapterServicer(adapter_pb2_grpc.ClusterAdapterServicer):
-    def __init__(self, cluster_id: str, guard: FencingGuard, backend: Backend) -> None:
+    def __init__(self, cluster_id: str, guard: FencingGuard, backend: Backend, hub: ObservationHub | None = None,
+                 clock_ms: Callable[[], int] = wall_ms) -> None:
         self._cluster_id = cluster_id
         self._guard = guard
         self._backend = backend
+        self._hub = hub
+        self._clock_ms = clock_ms
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._lock = threading.Lock()
+        self._apply_lock = threading.Lock()
+        """Commands are carried out one at a time: the backend's view of an instance never races."""
+        self._streams = 0
         self.stale_rejected = 0
+        self.applied = 0
 
-    def _check(self, what: str, cluster_id: str, token: adapter_pb2.FenceToken, context: grpc.ServicerContext) -> None:
+    def _check_cluster(self, cluster_id: str, context: grpc.ServicerContext) -> None:
         if cluster_id != self._cluster_id:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"cluster_id: this adapter serves {self._cluster_id!r}, not {cluster_id!r}")
+
+    def _stale(self, what: str, token: FenceToken, exc: StaleEpoch, context: grpc.ServicerContext) -> None:
+        with self._lock:
+            self.stale_rejected += 1
+        rejected = getattr(self._backend, "rejected", None)
+        if rejected is not None:
+            rejected(what, token, str(exc))
+        context.set_trailing_metadata((STALE_EPOCH_METADATA,))
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+
+    def _admit(self, what: str, cluster_id: str, token: FenceToken, context: grpc.ServicerContext) -> None:
+        self._check_cluster(cluster_id, context)
         try:
             self._guard.admit(token.epoch, token.holder)
         except StaleEpoch as exc:
-            with self._lock:
-                self.stale_rejected += 1
-            rejected = getattr(self._backend, "rejected", None)
-            if rejected is not None:
-                rejected(what, token, str(exc))
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            self._stale(what, token, exc, context)
 
     def Fence(self, request: adapter_pb2.FenceRequest, context: grpc.ServicerContext) -> adapter_pb2.FenceReply:
-        self._check("fence", request.cluster_id, request.fence, context)
+        token = _token(request.fence)
+        self._admit("fence", request.cluster_id, token, context)
         record = getattr(self._backend, "fence", None)
         if record is not None:
-            record(request.fence)
+            record(token)
         return adapter_pb2.FenceReply(highest_epoch=self._guard.epoch, highest_holder=self._guard.holder)
 
     def Apply(self, request: adapter_pb2.ApplyRequest, context: grpc.ServicerContext) -> adapter_pb2.ApplyReply:
-        if request.action not in ADAPTER_ACTIONS:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"action: must be one of {', '.join(ADAPTER_ACTIONS)}, got {request.action!r}")
-        if not request.request_id:
+        if request.action not in INSTANCE_ACTIONS:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"action: must be one of {', '.join(INSTANCE_ACTIONS)}, got {request.action!r}")
+        inst = request.instance
+        if not inst.instance_id or not inst.deployment_id:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "instance: instance_id and deployment_id must not be empty")
+        command = InstanceCommand(
+            request.request_id, request.action,
+            InstanceSpec(inst.instance_id, inst.deployment_id, inst.tenant_id, inst.zone, inst.pool, inst.gpus or 1),
+            _token(request.fence), request.deadline_ms,
+        )
+        return self._carry_out(request.action, request.cluster_id, command, context)
+
+    def Scale(self, request: adapter_pb2.ScaleRequest, context: grpc.ServicerContext) -> adapter_pb2.ApplyReply:
+        if not request.deployment_id:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "deployment_id: must not be empty")
+        if request.replicas < 0:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"replicas: must be >= 0, got {request.replicas}")
+        if len(set(request.victims)) != len(request.victims):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "victims: must not repeat an instance id")
+        command = ScaleCommand(request.request_id, request.deployment_id, request.replicas, tuple(request.victims),
+                               _token(request.fence))
+        return self._carry_out("scale", request.cluster_id, command, context)
+
+    def _carry_out(self, what: str, cluster_id: str, command: InstanceCommand | ScaleCommand,
+                   context: grpc.ServicerContext) -> adapter_pb2.ApplyReply:
+        if not command.request_id:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id: must not be empty")
-        self._check(request.action, request.cluster_id, request.fence, context)
-        with self._lock:
-            if request.request_id in self._seen:
+        self._admit(what, cluster_id, command.fence, context)
+        with self._apply_lock:
+            if command.request_id in self._seen:
                 return adapter_pb2.ApplyReply(applied=False, highest_epoch=self._guard.epoch)
-            self._seen[request.request_id] = None
+            try:
+                if isinstance(command, ScaleCommand):
+                    self._backend.scale(command, self._clock_ms())
+                else:
+                    self._backend.apply(command, self._clock_ms())
+            except StaleEpoch as exc:  # the backend's shared store knows a newer epoch
+                self._stale(what, command.fence, exc, context)
+            except ControlPlaneError as exc:
+                log.warning("command_failed", cluster=self._cluster_id, request_id=command.request_id, action=what,
+                            error=str(exc), kind=type(exc).__name__)
+                context.abort(_status_of(exc), f"{what}: {exc}")
+            self._seen[command.request_id] = None
             if len(self._seen) > MAX_REMEMBERED_REQUESTS:
                 self._seen.popitem(last=False)
-        self._backend.apply(request)
+            self.applied += 1
         return adapter_pb2.ApplyReply(applied=True, highest_epoch=self._guard.epoch)
+
+    def Observe(self, request: adapter_pb2.ObserveRequest, context: grpc.ServicerContext) -> Iterator[adapter_pb2.ObservationBatch]:
+        self._check_cluster(request.cluster_id, context)
+        hub = self._hub
+        if hub is None:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "this adapter streams no observations")
+        with self._lock:
+            if self._streams >= MAX_STREAMS:
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"at most {MAX_STREAMS} observation streams per adapter")
+            self._streams += 1
+        try:
+            after = request.after_seq if request.stream_id == hub.stream_id else 0
+            while context.is_active() and not hub.stopped:
+                for batch in hub.after(after, timeout_s=1.0):
+                    yield batch
+                    after = batch.seq
+        finally:
+            with self._lock:
+                self._streams -= 1
+
+    def Recent(self, request: adapter_pb2.RecentRequest, context: grpc.ServicerContext) -> adapter_pb2.RecentReply:
+        self._check_cluster(request.cluster_id, context)
+        if request.max_age_ms < 0:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"max_age_ms: must be >= 0, got {request.max_age_ms}")
+        if self._hub is None:
+            return adapter_pb2.RecentReply(now_ms=self._clock_ms())
+        now, batches = self._hub.recent(request.max_age_ms)
+        return adapter_pb2.RecentReply(now_ms=now, batches=batches)
+
+
+def _status_of(exc: ControlPlaneError) -> grpc.StatusCode:
+    if isinstance(exc, NotFound):
+        return grpc.StatusCode.NOT_FOUND
+    if isinstance(exc, ValidationError):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    if isinstance(exc, TemporaryError):
+        return grpc.StatusCode.UNAVAILABLE
+    return grpc.StatusCode.FAILED_PRECONDITION
 
 
 @dataclass
 class AdapterServer:
     server: grpc.Server
     servicer: AdapterServicer
+    hub: ObservationHub | None
+    health: health.HealthServicer
     port: int
+    backend: Backend
 
     def stop(self, grace_s: float = 0.5) -> None:
+        self.health.enter_graceful_shutdown()
+        if self.hub is not None:
+            self.hub.stop()
         self.server.stop(grace_s).wait(grace_s + 1.0)
+        self.backend.close()
 
 
-def serve_adapter(cluster_id: str, address: str, state_dir: Path, backend: Backend) -> AdapterServer:
+def serve_adapter(cluster_id: str, address: str, state_dir: Path, backend: Backend, *,
+                  observe_interval_ms: int = 250, ring_s: float = 120.0, observe: bool = True,
+                  clock_ms: Callable[[], int] = wall_ms) -> AdapterServer:
+    """Start the adapter's gRPC server (ClusterAdapter, grpc.health.v1, reflection) on ``address``."""
     state_dir.mkdir(parents=True, exist_ok=True)
-    servicer = AdapterServicer(cluster_id, FencingGuard(state_dir / f"{cluster_id}.epoch.json"), backend)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="adapter"))
+    hub = ObservationHub(cluster_id, backend, interval_ms=observe_interval_ms, ring_s=ring_s, clock_ms=clock_ms) if observe else None
+    servicer = AdapterServicer(cluster_id, FencingGuard(state_dir / f"{cluster_id}.epoch.json"), backend, hub, clock_ms)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=MAX_STREAMS + 8, thread_name_prefix="adapter"))
     adapter_pb2_grpc.add_ClusterAdapterServicer_to_server(servicer, server)
-    port = server.add_insecure_port(address)
-    if port == 0:
-        raise Unavailable(f"cannot bind {address}")
-    server.start()
-    return AdapterServer(server, servicer, port)
-
-
-def _raise_translated(exc: grpc.RpcError) -> None:
-    code = exc.code()
-    if code is grpc.StatusCode.FAILED_PRECONDITION:
-        got, highest = _parse_stale(exc.details() or "")
-        raise StaleEpoch(got, highest) from exc
-    if code is grpc.StatusCode.INVALID_ARGUMENT:
-        raise ValidationError("adapter", exc.details() or "invalid argument") from exc
-    raise Unavailable(f"adapter: {code.name}: {exc.details()}") from exc
-
-
-def _parse_stale(details: str) -> tuple[int, int]:
-    # "stale epoch 3: highest seen is 7" (StaleEpoch's message)
+    health_servicer = health.HealthServicer(experimental_non_blocking=True)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
     try:
-        head, _, tail = details.partition(":")
-        return int(head.split()[-1]), int(tail.split()[-1])
-    except (ValueError, IndexError):
-        return -1, -1
-
-
-class RemoteAdapter:
-    """``ports.FencedAdapter`` over gRPC: one channel per cluster's adapter address."""
-
-    def __init__(self, addresses: dict[str, str], deadline_s: float = 0.5) -> None:
-        self._stubs = {cid: adapter_pb2_grpc.ClusterAdapterStub(grpc.insecure_channel(addr)) for cid, addr in addresses.items()}
-        self._deadline_s = deadline_s
-
-    def clusters(self) -> list[str]:
-        return sorted(self._stubs)
-
-    def fence(self, cluster_id: str, fence, now_ms: int) -> None:
-        token = adapter_pb2.FenceToken(epoch=fence.epoch, seq=fence.seq, holder=fence.holder)
-        try:
-            self._stubs[cluster_id].Fence(adapter_pb2.FenceRequest(cluster_id=cluster_id, fence=token), timeout=self._deadline_s)
-        except grpc.RpcError as exc:
-            _raise_translated(exc)
-
-    def send(self, cluster_id: str, command, fence, now_ms: int) -> None:
-        inst = command.instance
-        request = adapter_pb2.ApplyRequest(
-            cluster_id=cluster_id, request_id=command.request_id, action=command.action, deadline_ms=command.deadline_ms,
-            fence=adapter_pb2.FenceToken(epoch=fence.epoch, seq=fence.seq, holder=fence.holder),
-            instance=adapter_pb2.InstanceRef(instance_id=inst.id, deployment_id=inst.deployment, tenant_id=inst.tenant,
-                                             zone=inst.zone, pool=inst.pool, gpus=inst.gpus),
-        )
-        try:
-            self._stubs[cluster_id].Apply(request, timeout=self._deadline_s)
-        except grpc.RpcError as exc:
-            _raise_translated(exc)
+        port = server.add_insecure_port(address)
+    except RuntimeError:
+        port = 0
+    if port == 0:
+        raise Unavailable(f"listen: cannot bind {address}")
+    server.start()
+    if hub is not None:
+        hub.start()
+    for name in ("", SERVICE_NAME):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    log.info("adapter_started", cluster=cluster_id, address=f"{address.rsplit(':', 1)[0]}:{port}",
+             backend=type(backend).__name__, epoch=servicer._guard.epoch, observe_interval_ms=observe_interval_ms)
+    return AdapterServer(server, servicer, hub, health_servicer, port, backend)

@@ -49,8 +49,9 @@ from pydantic import (
 )
 from pydantic import ValidationError as PydanticValidationError
 
-from controlplane.domain.errors import PermanentError
+from controlplane.domain.errors import PermanentError, ValidationError
 from controlplane.domain.ids import id_problem
+from controlplane.specs import DeploymentBase, TenantSpec, deployment_of, tenant_of
 
 ENV_PREFIX = "CONTROLPLANE_"
 MIN_PASSWORD_LEN = 16
@@ -82,14 +83,14 @@ def address_problem(value: object) -> str | None:
     return None
 
 
-def _check_id(value: str) -> str:
+def check_id(value: str) -> str:
     problem = id_problem(value)
     if problem:
         raise ValueError(problem)
     return value
 
 
-def _check_address(value: str) -> str:
+def check_address(value: str) -> str:
     problem = address_problem(value)
     if problem:
         raise ValueError(problem)
@@ -106,8 +107,8 @@ class PeerConfig(BaseModel):
     raft_address: str
     api_address: str
 
-    _id = field_validator("node_id", "zone")(_check_id)
-    _addr = field_validator("raft_address", "api_address")(_check_address)
+    _id = field_validator("node_id", "zone")(check_id)
+    _addr = field_validator("raft_address", "api_address")(check_address)
 
 
 class ClusterConfig(BaseModel):
@@ -123,18 +124,18 @@ class ClusterConfig(BaseModel):
     """Schedulable GPUs per pool."""
     adapter_address: str | None = None
 
-    _id = field_validator("id", "zone", "region")(_check_id)
+    _id = field_validator("id", "zone", "region")(check_id)
 
     @field_validator("adapter_address")
     @classmethod
     def _adapter(cls, value: str | None) -> str | None:
-        return value if value is None else _check_address(value)
+        return value if value is None else check_address(value)
 
     @field_validator("capacity")
     @classmethod
     def _capacity(cls, value: dict[str, int]) -> dict[str, int]:
         for pool, n in value.items():
-            _check_id(pool)
+            check_id(pool)
             if n < 0:
                 raise ValueError(f"{pool}: must be >= 0, got {n}")
         return value
@@ -181,6 +182,10 @@ class CoordinatorConfig(BaseModel):
     """Bound on commands queued inside pysyncobj (QueueFull beyond)."""
     clusters: list[ClusterConfig] = Field(default_factory=list)
     """Clusters and their adapters (the same list on every member)."""
+    tenants: list[TenantSpec] = Field(default_factory=list)
+    """Tenants the lease holder creates once if they do not exist (the API manages them after)."""
+    deployments: list[DeploymentBase] = Field(default_factory=list)
+    """Deployments created once like ``tenants``; each must name a tenant listed here."""
     raft_dial_overrides: dict[str, str] = Field(default_factory=dict)
     """Fault injection (tests only): peer raft address -> 127.0.0.1:port to dial instead, e.g. a
     per-link TCP proxy that can stall or drop the link. Empty in production."""
@@ -188,8 +193,8 @@ class CoordinatorConfig(BaseModel):
     """Fault injection (tests only): pause between a tick's lease check and its first adapter call,
     widening the check-to-send gap that a process pause can fall into. 0 in production."""
 
-    _id = field_validator("node_id", "zone")(_check_id)
-    _addr = field_validator("raft_address", "api_address")(_check_address)
+    _id = field_validator("node_id", "zone")(check_id)
+    _addr = field_validator("raft_address", "api_address")(check_address)
 
     @field_validator("password")
     @classmethod
@@ -306,6 +311,32 @@ def cross_field_problems(cfg: CoordinatorConfig) -> list[tuple[str, str]]:
             f"lease longer than the step-down timeout allows: holder validity {v} exceeds step_down_timeout_ms = {step}",
         ))
     out.extend(_uniqueness_problems(cfg))
+    out.extend(_seed_problems(cfg))
+    return out
+
+
+def _seed_problems(cfg: CoordinatorConfig) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    for what, items in (("tenants", cfg.tenants), ("deployments", cfg.deployments), ("clusters", cfg.clusters)):
+        seen: set[str] = set()
+        for i, item in enumerate(items):
+            if item.id in seen:
+                out.append((f"{what}[{i}].id", f"duplicate id {item.id!r}"))
+            seen.add(item.id)
+    for i, t in enumerate(cfg.tenants):
+        try:
+            tenant_of(t)
+        except ValidationError as exc:
+            out.append((f"tenants[{i}].{exc.field.removeprefix('tenant.')}", exc.problem))
+    tenants = {t.id for t in cfg.tenants}
+    for i, d in enumerate(cfg.deployments):
+        if d.tenant not in tenants:
+            out.append((f"deployments[{i}].tenant", f"unknown tenant {d.tenant!r} (list it under tenants)"))
+            continue
+        try:
+            deployment_of(d, f"deployments[{i}]")
+        except ValidationError as exc:
+            out.append((exc.field, exc.problem))
     return out
 
 
@@ -372,11 +403,11 @@ def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = No
     try:
         return CoordinatorConfig.model_validate(data)
     except PydanticValidationError as exc:
-        field, problem = _first_problem(exc)
+        field, problem = first_problem(exc)
         raise ConfigError(f"{p}: {field}: {problem}" if field else f"{p}: {problem}", file=str(p), field=field) from exc
 
 
-def _first_problem(exc: PydanticValidationError) -> tuple[str, str]:
+def first_problem(exc: PydanticValidationError) -> tuple[str, str]:
     errors = exc.errors(include_url=False, include_input=False)
     first = errors[0]
     loc = ".".join(str(x) if not isinstance(x, int) else f"[{x}]" for x in first["loc"]).replace(".[", "[")

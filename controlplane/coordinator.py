@@ -11,41 +11,38 @@ import os
 import random
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import structlog
 from prometheus_client import CollectorRegistry
 
-from adapters.service import RemoteAdapter
+from adapters.client import RemoteAdapter, RemoteObservations
 from controlplane.api.admin import ApiServer, NodeStatus, PeerStatus, serve
-from controlplane.config import ClusterConfig, CoordinatorConfig
+from controlplane.config import CoordinatorConfig
 from controlplane.domain import commands as c
 from controlplane.domain.errors import ControlPlaneError, TemporaryError
-from controlplane.domain.observations import Observations
+from controlplane.domain.tenants import Deployment, Tenant
 from controlplane.domain.topology import Cluster
 from controlplane.runtime.lease_guard import LeaseGuard
 from controlplane.runtime.loop import ControlLoop
 from controlplane.runtime.transitions import TransitionRecorder
+from controlplane.specs import deployment_of, tenant_of
 from raft.node import RaftNode, dial_override_node_class
 from raft.replicator import RaftReplicator
 
 log = structlog.get_logger("controlplane.coordinator")
 
 
-class NoObservations:
-    """Observation source until the adapters stream samples (next issue): no load, no reports."""
-
-    def gather(self, now_ms: int) -> Observations:
-        return Observations(now_ms)
-
-
 @dataclass(frozen=True, slots=True)
 class Topology:
-    """Clusters this group manages and where their adapters listen (from the configuration)."""
+    """Clusters this group manages and where their adapters listen, and the tenants and deployments
+    to create if missing (all from the configuration)."""
 
     clusters: tuple[Cluster, ...] = ()
     adapters: Mapping[str, str] | None = None
+    tenants: tuple[Tenant, ...] = ()
+    deployments: tuple[Deployment, ...] = ()
 
 
 class Coordinator:
@@ -60,8 +57,9 @@ class Coordinator:
         self.replicator = RaftReplicator(self.node, cfg, fence=self.guard.fence,
                                          on_transitions=TransitionRecorder(self.registry).record)
         self.adapter = RemoteAdapter(dict(topology.adapters or {}))
+        self.observations = RemoteObservations(dict(topology.adapters or {}), self.node.clock_ms)
         self.loop = ControlLoop(
-            self.replicator, self.adapter, NoObservations(), rng=random.Random(),
+            self.replicator, self.adapter, self.observations, rng=random.Random(),
             authority=self.guard.authority, holder=cfg.node_id, act_delay_s=cfg.fault_act_delay_ms / 1000,
         )
         self.api: ApiServer | None = None
@@ -73,6 +71,7 @@ class Coordinator:
     def start(self) -> None:
         self.node.start()
         self.guard.start()
+        self.observations.start()  # every member follows the adapters: warm filters at failover
         self.api = serve(self.cfg.api_address, self.status, members=self)
         self._loop_thread = threading.Thread(target=self._run_loop, name=f"control-loop-{self.cfg.node_id}", daemon=True)
         self._loop_thread.start()
@@ -85,6 +84,8 @@ class Coordinator:
             self._loop_thread.join(5.0)
         if self.api is not None:
             self.api.stop(0.5)
+        self.observations.close()
+        self.adapter.close()
         self.guard.stop(release=True)
         self.node.stop()
         log.info("coordinator_stopped", node_id=self.cfg.node_id)
@@ -107,14 +108,21 @@ class Coordinator:
             next_at = max(next_at, time.monotonic() - period_s)  # never try to catch up a backlog
 
     def _bootstrap(self, now_ms: int) -> None:
-        """Once per epoch, the holder upserts the configured clusters (idempotent PutCluster)."""
+        """Once per epoch, the holder upserts the configured clusters (idempotent PutCluster) and
+        creates the configured tenants and deployments that do not exist yet (never overwriting
+        what the API may have changed since)."""
         epoch = self.guard.authority(now_ms)
-        if epoch is None or epoch == self._bootstrapped_epoch or not self.topology.clusters:
+        if epoch is None or epoch == self._bootstrapped_epoch:
             return
         state = self.replicator.state
-        missing = [cl for cl in self.topology.clusters if state.clusters.get(cl.id) != cl]
-        if missing:
-            self.replicator.commit([c.PutCluster(cl) for cl in missing], now_ms)
+        cmds: list[c.Command] = [c.PutCluster(cl) for cl in self.topology.clusters if state.clusters.get(cl.id) != cl]
+        cmds += [c.PutTenant(t) for t in self.topology.tenants if t.id not in state.tenants]
+        cmds += [c.PutDeployment(d) for d in self.topology.deployments if d.id not in state.deployments]
+        if cmds:
+            result = self.replicator.commit(cmds, now_ms)
+            for r in result.results or (result,):
+                if not r.ok:
+                    log.error("bootstrap_rejected", error=r.error)
         self._bootstrapped_epoch = epoch
 
     # --- membership (Admin.AddMember / RemoveMember) ----------------------------------------------
@@ -150,6 +158,12 @@ class Coordinator:
         )
 
 
-def clusters_from(spec: Sequence[ClusterConfig]) -> Topology:
-    clusters = tuple(Cluster(s.id, s.zone, s.region, dict(s.capacity)) for s in spec)
-    return Topology(clusters, {s.id: s.adapter_address for s in spec if s.adapter_address})
+def topology_of(cfg: CoordinatorConfig) -> Topology:
+    """The configured clusters, adapters, tenants and deployments as domain values (the
+    configuration was validated when loaded, so the conversions cannot fail here)."""
+    clusters = tuple(Cluster(s.id, s.zone, s.region, dict(s.capacity)) for s in cfg.clusters)
+    return Topology(
+        clusters, {s.id: s.adapter_address for s in cfg.clusters if s.adapter_address},
+        tuple(tenant_of(t) for t in cfg.tenants),
+        tuple(deployment_of(d, f"deployments[{i}]") for i, d in enumerate(cfg.deployments)),
+    )

@@ -61,11 +61,14 @@ def _parser() -> argparse.ArgumentParser:
     mem.add_argument("--raft-address", required=True, metavar="HOST:PORT")
     mem.add_argument("--api-address", default="", metavar="HOST:PORT")
 
-    ad = sub.add_parser("adapter", help="run a recording cluster adapter that enforces fencing (no Kubernetes)")
-    ad.add_argument("--cluster", required=True)
-    ad.add_argument("--listen", required=True, metavar="HOST:PORT")
-    ad.add_argument("--state-dir", required=True, metavar="DIR", help="where the highest epoch is persisted")
-    ad.add_argument("--record", required=True, metavar="FILE", help="accepted commands, one JSON line each")
+    ad = sub.add_parser("adapter", help="run a cluster adapter (Kubernetes, simulated or recording backend)",
+                        description="Either --config FILE (see docs/adapters.md), or the four flags below for a "
+                                    "recording adapter that only enforces fencing and logs commands (fault tests).")
+    ad.add_argument("--config", metavar="FILE", help="adapter configuration (YAML)")
+    ad.add_argument("--cluster")
+    ad.add_argument("--listen", metavar="HOST:PORT")
+    ad.add_argument("--state-dir", metavar="DIR", help="where the highest epoch is persisted")
+    ad.add_argument("--record", metavar="FILE", help="accepted commands, one JSON line each")
 
     bench = sub.add_parser("bench", help="benchmarks on real local processes (JSON, Markdown and PNG reports)")
     bench_sub = bench.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
@@ -107,10 +110,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _coordinator(args: argparse.Namespace) -> int:
     from controlplane.config import load_config
-    from controlplane.coordinator import Coordinator, clusters_from
+    from controlplane.coordinator import Coordinator, topology_of
 
     cfg = load_config(args.config)
-    node = Coordinator(cfg, clusters_from(cfg.clusters))
+    node = Coordinator(cfg, topology_of(cfg))
     stopped = _on_signals(node.stop)
     node.start()
     stopped.wait()
@@ -149,13 +152,32 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _adapter(args: argparse.Namespace) -> int:
-    from pathlib import Path
+    from pydantic import ValidationError as PydanticValidationError
 
-    from adapters.service import RecordingBackend, serve_adapter
+    from adapters.config import AdapterConfig, build_backend, load_adapter_config
+    from adapters.service import serve_adapter
+    from controlplane.config import first_problem
 
-    record = Path(args.record)
-    record.parent.mkdir(parents=True, exist_ok=True)
-    server = serve_adapter(args.cluster, args.listen, Path(args.state_dir), RecordingBackend(record))
+    legacy = {"--cluster": args.cluster, "--listen": args.listen, "--state-dir": args.state_dir, "--record": args.record}
+    if args.config:
+        given = [flag for flag, value in legacy.items() if value]
+        if given:
+            raise ControlPlaneError(f"adapter: {given[0]} cannot be combined with --config (set it in the file)")
+        cfg = load_adapter_config(args.config)
+    else:
+        missing = [flag for flag, value in legacy.items() if not value]
+        if missing:
+            raise ControlPlaneError(f"adapter: --config FILE, or all of {', '.join(legacy)} (missing {missing[0]})")
+        try:
+            cfg = AdapterConfig.model_validate({"cluster_id": args.cluster, "listen": args.listen, "state_dir": args.state_dir,
+                                                "backend": "recording", "recording": {"path": args.record}})
+        except PydanticValidationError as exc:
+            field, problem = first_problem(exc)
+            flag = {"cluster_id": "--cluster", "listen": "--listen", "state_dir": "--state-dir"}.get(field, "--record")
+            raise ControlPlaneError(f"adapter: {flag}: {problem}") from None
+    backend = build_backend(cfg)
+    server = serve_adapter(cfg.cluster_id, cfg.listen, cfg.state_dir, backend,
+                           observe_interval_ms=cfg.observe_interval_ms, ring_s=cfg.ring_s)
     stopped = _on_signals(lambda: server.stop(0.5))
     stopped.wait()
     return 0

@@ -133,8 +133,8 @@ def facts(
 
     for rep in obs.reports:
         inst = state.instances.get(rep.instance_id)
-        if inst is None:
-            continue
+        if inst is None or rep.at_ms < inst.state_since_ms:
+            continue  # unknown, or older than the state it is in (a replayed report)
         try:
             event = InstanceEvent(rep.event)
         except ValueError:

@@ -16,6 +16,7 @@ otherwise it gathers and filters but neither commits nor sends.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -26,7 +27,7 @@ from controlplane.domain import commands as c
 from controlplane.domain.errors import StaleEpoch, TemporaryError
 from controlplane.domain.ids import DeploymentId, InstanceId
 from controlplane.domain.instances import Instance, InstanceEvent
-from controlplane.domain.observations import InstanceSample, Observations
+from controlplane.domain.observations import InstanceReport, InstanceSample, Observations
 from controlplane.domain.state import ApplyResult, ControlState
 from controlplane.ports import AdapterCommand, ClusterAdapter, Fence, ObservationSource, Replicator
 
@@ -40,6 +41,8 @@ MAX_PENDING_FAILURES = 10_000
 """Bound on remembered undelivered commands (further ones are not remembered)."""
 RETRY_WINDOW_MS = 600_000
 """An undelivered sleep/drain/cancel is re-sent (same request id) for at most this long."""
+REPORT_REPLAY_MS = 120_000
+"""How far back a new holder reads the adapters' lifecycle reports (their ring buffers keep ~2 min)."""
 RETRIED_ACTIONS = ("sleep", "drain", "cancel")
 """Actions re-sent until delivered. A failed create or wake is not: ``facts`` declares the
 instance lost instead, and the plan replaces it."""
@@ -98,6 +101,7 @@ class ControlLoop:
         """Request-id counter: never reused, even for commands built but not sent."""
         self._stats = dict(ticks=0, commits=0, commands_sent=0, send_failures=0, stale_rejections=0, replayed_epochs=0)
         self._epoch_seen: int | None = None
+        self._replayed_reports: list[InstanceReport] = []
         self.last_signals: dict[DeploymentId, signals.FilteredSignals | None] = {}
 
     def statistics(self) -> LoopStatistics:
@@ -114,6 +118,9 @@ class ControlLoop:
             self._epoch_seen = epoch
             self._replay_recent(now_ms)
         obs = self._source.gather(now_ms)  # gather (after fencing: the state read is post-fence)
+        if self._replayed_reports:
+            obs = dataclasses.replace(obs, reports=tuple(self._replayed_reports) + obs.reports)
+            self._replayed_reports = []
         state = self._replicator.state
         filtered, loads = self._filter(state, obs, now_ms)
         if epoch is None:
@@ -133,14 +140,23 @@ class ControlLoop:
     def _replay_recent(self, now_ms: int) -> None:
         """A new holder rebuilds its signal filters from the adapters' recent samples (their ring
         buffers), so that a failover keeps the damping history. Followers that gathered all along
-        already have it: ``signals.update`` ignores samples older than what a filter holds."""
+        already have it: ``signals.update`` ignores samples older than what a filter holds.
+
+        The lifecycle reports of that window are handed to this tick's ``facts`` too: a follower
+        drops the reports it gathers, and the previous holder may have died before committing them
+        (a ``warmed`` lost that way would strand an instance in Warming). ``facts`` ignores reports
+        older than the instance's current state and transitions the table does not allow, so the
+        ones already committed change nothing."""
         recent = getattr(self._source, "recent", None)
         if recent is None:
             return
         window = max((d.policy.stable_window_ms for d in self._replicator.state.deployments.values()), default=0)
         state = self._replicator.state
-        for obs in recent(now_ms - window):
-            self._filter(state, obs, obs.at_ms)
+        horizon = max(window, REPORT_REPLAY_MS)
+        for obs in recent(now_ms - horizon):
+            if obs.at_ms >= now_ms - window:
+                self._filter(state, obs, obs.at_ms)
+            self._replayed_reports.extend(obs.reports)
         self._stats["replayed_epochs"] += 1
 
     def _fence(self, epoch: int, now_ms: int) -> bool:

@@ -21,6 +21,7 @@ import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from controlplane.domain.errors import StaleEpoch, Unavailable
 from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId
@@ -34,6 +35,19 @@ COMPLETE, WARM_DONE, DRAIN_DEADLINE = 1, 2, 3
 
 MAX_SEEN_REQUEST_IDS = 100_000
 """Bound on the idempotency memory of the simulated adapter."""
+
+
+class InstanceRef(Protocol):
+    """What a command needs to know about its instance (a domain ``Instance`` is one)."""
+
+    @property
+    def id(self) -> InstanceId: ...
+    @property
+    def deployment(self) -> DeploymentId: ...
+    @property
+    def cluster(self) -> ClusterId: ...
+    @property
+    def gpus(self) -> int: ...
 
 
 @dataclass(slots=True)
@@ -110,7 +124,23 @@ class SimFleet:
         self._seen[cmd.request_id] = None
         if len(self._seen) > MAX_SEEN_REQUEST_IDS:
             del self._seen[next(iter(self._seen))]
-        getattr(self, f"_do_{cmd.action}")(cmd, now_ms)
+        self.execute(cmd.action, cmd.instance, cmd.deadline_ms, now_ms)
+
+    def execute(self, action: str, inst: InstanceRef, deadline_ms: int, now_ms: int) -> None:
+        """Carry out one command (fencing and idempotency are the caller's): ``create``, ``wake``,
+        ``sleep``, ``drain`` (abort what still runs at ``deadline_ms``), ``cancel`` or ``terminate``."""
+        if action == "create":
+            self._do_create(inst, now_ms)
+        elif action == "drain":
+            self._do_drain(inst.id, deadline_ms, now_ms)
+        elif action in ("cancel", "terminate"):
+            self._do_cancel(inst.id, now_ms)
+        elif action == "wake":
+            self._do_wake(inst.id, now_ms)
+        elif action == "sleep":
+            self._do_sleep(inst.id, now_ms)
+        else:
+            raise ValueError(f"action: unknown {action!r}")
 
     def preprovision(self, inst, now_ms: int) -> None:
         """An instance that is already serving when the simulation starts."""
@@ -119,39 +149,40 @@ class SimFleet:
         self.instances[sim.id] = sim
         self.by_deployment[sim.deployment][sim.id] = sim
 
-    def _do_create(self, cmd: AdapterCommand, now_ms: int) -> None:
-        inst = cmd.instance
+    def _do_create(self, inst: InstanceRef, now_ms: int) -> None:
+        if inst.id in self.instances:
+            return  # created already (a repeated command after an adapter restart)
         sim = SimInstance(inst.id, inst.deployment, inst.cluster, self._profiles[inst.deployment], inst.gpus, now_ms)
         self.instances[sim.id] = sim
         self.by_deployment[sim.deployment][sim.id] = sim
         self._report(sim, InstanceEvent.START_WARMUP, now_ms)
         self._start_warmup(sim, now_ms, sim.profile.cold_start_ms)
 
-    def _do_wake(self, cmd: AdapterCommand, now_ms: int) -> None:
-        sim = self.instances.get(cmd.instance.id)
+    def _do_wake(self, iid: InstanceId, now_ms: int) -> None:
+        sim = self.instances.get(iid)
         if sim is not None and sim.phase == "sleeping":
             self._start_warmup(sim, now_ms, sim.profile.warm_start_ms)
 
-    def _do_sleep(self, cmd: AdapterCommand, now_ms: int) -> None:
-        sim = self.instances.get(cmd.instance.id)
+    def _do_sleep(self, iid: InstanceId, now_ms: int) -> None:
+        sim = self.instances.get(iid)
         if sim is not None and sim.phase == "serving":
             sim.phase = "sleeping"
             self._requeue(sim, now_ms)
 
-    def _do_drain(self, cmd: AdapterCommand, now_ms: int) -> None:
-        sim = self.instances.get(cmd.instance.id)
+    def _do_drain(self, iid: InstanceId, deadline_ms: int, now_ms: int) -> None:
+        sim = self.instances.get(iid)
         if sim is None or sim.phase in ("draining", "gone"):
             return
         sim.phase = "draining"
         sim.gen += 1  # cancels a warm-up in progress
         self._requeue(sim, now_ms)
         if sim.running:
-            self._schedule(max(now_ms, cmd.deadline_ms), DRAIN_DEADLINE, (sim.id, sim.gen))
+            self._schedule(max(now_ms, deadline_ms), DRAIN_DEADLINE, (sim.id, sim.gen))
         else:
             self._finish(sim, InstanceEvent.DRAINED, now_ms)
 
-    def _do_cancel(self, cmd: AdapterCommand, now_ms: int) -> None:
-        sim = self.instances.get(cmd.instance.id)
+    def _do_cancel(self, iid: InstanceId, now_ms: int) -> None:
+        sim = self.instances.get(iid)
         if sim is not None and sim.phase != "gone":
             self._requeue(sim, now_ms)
             self._finish(sim, None, now_ms)
@@ -188,6 +219,16 @@ class SimFleet:
         for sim in lost:
             self._requeue(sim, now_ms)
             self._finish(sim, InstanceEvent.LOST, now_ms)
+
+    def lose_instance(self, iid: InstanceId, now_ms: int) -> None:
+        """One instance's pod disappears (node failure, OOM kill): its requests go back through the
+        gateway, in-flight ones are aborted, and ``lost`` is reported."""
+        sim = self.instances.get(iid)
+        if sim is None:
+            return
+        sim.phase = "lost"
+        self._requeue(sim, now_ms)
+        self._finish(sim, InstanceEvent.LOST, now_ms)
 
     def cluster_up(self, cluster_id: ClusterId) -> None:
         self.down.discard(cluster_id)

@@ -7,19 +7,27 @@ Every error names the file and the field path (``tenants[1].quota.h100: ...``) a
 from __future__ import annotations
 
 import dataclasses
-import typing
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import pydantic
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from controlplane.domain.errors import PermanentError, ValidationError
-from controlplane.domain.ids import ClusterId, DeploymentId, PoolId, TenantId, id_problem
-from controlplane.domain.profiles import PROFILES
-from controlplane.domain.tenants import Deployment, Engine, ScalingPolicy, Slo, Tenant
+from controlplane.domain.ids import ClusterId, PoolId
+from controlplane.domain.tenants import Deployment, Tenant
 from controlplane.domain.topology import Cluster
+from controlplane.specs import (
+    DeploymentBase,
+    GpuMap,
+    Ident,
+    Strict,
+    TenantSpec,
+    deployment_of,
+    model_from_dataclass,
+    tenant_of,
+)
 from controlplane.sim.workload import GeneratorSpec
 
 MAX_SCENARIO_BYTES = 4 * 1024 * 1024
@@ -29,77 +37,34 @@ class ScenarioError(PermanentError):
     """A scenario could not be loaded; the message names the file and the field."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+
+GeneratorModel = model_from_dataclass(GeneratorSpec, "GeneratorModel")
 
 
-def _id_check(value: str) -> str:
-    problem = id_problem(value)
-    if problem:
-        raise ValueError(problem)
-    return value
-
-
-Ident = Annotated[str, pydantic.AfterValidator(_id_check)]
-GpuMap = dict[Ident, Annotated[int, Field(ge=0, le=1_000_000)]]
-
-
-def _model_from_dataclass(cls: type, name: str) -> type[BaseModel]:
-    """A strict pydantic model with the fields, types and defaults of a frozen domain dataclass, so
-    the YAML schema cannot drift from the domain type."""
-    hints = typing.get_type_hints(cls)
-    fields: dict[str, Any] = {
-        f.name: (hints[f.name], f.default) for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING
-    }
-    return pydantic.create_model(name, __config__=ConfigDict(extra="forbid", frozen=True), **fields)
-
-
-PolicySpec = _model_from_dataclass(ScalingPolicy, "PolicySpec")
-SloSpec = _model_from_dataclass(Slo, "SloSpec")
-GeneratorModel = _model_from_dataclass(GeneratorSpec, "GeneratorModel")
-
-
-class ClusterSpec(_Strict):
+class ClusterSpec(Strict):
     id: Ident
     zone: Ident
     region: Ident = "local"
     capacity: GpuMap
 
 
-class TenantSpec(_Strict):
-    id: Ident
-    priority: int = Field(ge=0, le=1_000_000)
-    quota: GpuMap = {}
-    borrow_limit: GpuMap = {}
-    slo: SloSpec = SloSpec()  # type: ignore[valid-type]
-
-
-class TraceWorkload(_Strict):
+class TraceWorkload(Strict):
     trace: str
     rate_scale: float = Field(1.0, gt=0, le=1000)
     offset_s: float = Field(0.0, ge=0)
     limit_s: float | None = Field(None, gt=0)
 
 
-class GeneratedWorkload(_Strict):
+class GeneratedWorkload(Strict):
     generator: GeneratorModel  # type: ignore[valid-type]
     offset_s: float = Field(0.0, ge=0)
 
 
-class DeploymentSpec(_Strict):
-    id: Ident
-    tenant: Ident
-    engine: Literal["vllm", "triton", "deepspeed-mii"]
-    model: str
-    pool: Ident
-    min_replicas: int = Field(1, ge=0)
-    max_replicas: int = Field(64, ge=1, le=100_000)
-    warm_pool: int = Field(1, ge=0, le=1_000)
-    policy: PolicySpec = PolicySpec()  # type: ignore[valid-type]
+class DeploymentSpec(DeploymentBase):
     workload: TraceWorkload | GeneratedWorkload
 
 
-class FailureSpec(_Strict):
+class FailureSpec(Strict):
     kind: Literal["warmup_failures", "cluster_outage"]
     cluster: Ident
     deployment: Ident | None = None
@@ -108,7 +73,7 @@ class FailureSpec(_Strict):
     end_s: float = Field(gt=0)
 
 
-class ScenarioSpec(_Strict):
+class ScenarioSpec(Strict):
     name: str = "scenario"
     seed: int = 0
     tick_ms: int = Field(250, ge=10, le=60_000)
@@ -181,31 +146,18 @@ def _to_domain(spec: ScenarioSpec, source: str, base_dir: Path) -> Scenario:
         clusters = tuple(
             Cluster(ClusterId(c.id), c.zone, c.region, {PoolId(k): v for k, v in c.capacity.items()}) for c in spec.clusters
         )
-        tenants = tuple(
-            Tenant(TenantId(t.id), t.priority, dict(t.quota), dict(t.borrow_limit), Slo(**t.slo.model_dump()))
-            for t in spec.tenants
-        )
+        tenants = tuple(tenant_of(t) for t in spec.tenants)
     except ValidationError as exc:
         raise ScenarioError(f"{source}: {exc}") from None
     tenant_ids = {t.id for t in tenants}
     deployments = []
     for i, d in enumerate(spec.deployments):
-        where = f"{source}: deployments[{i}]"
         if d.tenant not in tenant_ids:
-            raise ScenarioError(f"{where}.tenant: unknown tenant {d.tenant!r}")
-        profile = PROFILES.get(d.model)
-        if profile is None:
-            raise ScenarioError(f"{where}.model: unknown model profile {d.model!r} (known: {', '.join(sorted(PROFILES))})")
+            raise ScenarioError(f"{source}: deployments[{i}].tenant: unknown tenant {d.tenant!r}")
         try:
-            deployments.append(
-                Deployment(
-                    id=DeploymentId(d.id), tenant=TenantId(d.tenant), engine=Engine(d.engine), model=d.model,
-                    pool=PoolId(d.pool), gpus_per_instance=profile.gpus_per_instance, min_replicas=d.min_replicas,
-                    max_replicas=d.max_replicas, warm_pool=d.warm_pool, policy=ScalingPolicy(**d.policy.model_dump()),
-                )
-            )
+            deployments.append(deployment_of(d, f"deployments[{i}]"))
         except ValidationError as exc:
-            raise ScenarioError(f"{where}.{exc.field.removeprefix('deployment.')}: {exc.problem}") from None
+            raise ScenarioError(f"{source}: {exc}") from None
     for i, f in enumerate(spec.failures):
         if f.end_s <= f.start_s:
             raise ScenarioError(f"{source}: failures[{i}].end_s: must be after start_s ({f.start_s}), got {f.end_s}")

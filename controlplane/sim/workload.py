@@ -144,8 +144,8 @@ def generate(spec: GeneratorSpec, rng: random.Random, *, start_ms: int = 0) -> l
             out.append(
                 Request(
                     arrival_ms=start_ms + int(t * 1000),
-                    prompt_tokens=_lognormal_int(rng, spec.prompt_mean),
-                    output_tokens=_lognormal_int(rng, spec.output_mean),
+                    prompt_tokens=lognormal_int(rng, spec.prompt_mean),
+                    output_tokens=lognormal_int(rng, spec.output_mean),
                 )
             )
 
@@ -169,6 +169,6 @@ def _rate_at(spec: GeneratorSpec, bursts: list[tuple[float, float]], t: float) -
     return rate
 
 
-def _lognormal_int(rng: random.Random, mean: float, sigma: float = 0.8) -> int:
+def lognormal_int(rng: random.Random, mean: float, sigma: float = 0.8) -> int:
     mu = math.log(mean) - sigma * sigma / 2
     return max(1, min(MAX_TOKENS, int(rng.lognormvariate(mu, sigma))))

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from adapters.service import FencingGuard, RecordingBackend, RemoteAdapter, serve_adapter
+from adapters.client import RemoteAdapter
+from adapters.service import FencingGuard, RecordingBackend, serve_adapter
 from controlplane.domain.errors import StaleEpoch, ValidationError
 from controlplane.domain.instances import InitMethod, Instance, InstanceState
 from controlplane.ports import AdapterCommand, Fence

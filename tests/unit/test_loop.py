@@ -28,7 +28,7 @@ from controlplane.domain.state import ControlState, apply
 from controlplane.domain.tenants import Deployment, Engine, Tenant
 from controlplane.domain.topology import Cluster
 from controlplane.ports import AdapterCommand, Fence
-from controlplane.runtime.loop import ControlLoop, LoopStatistics, TickReport
+from controlplane.runtime.loop import REPORT_REPLAY_MS, ControlLoop, LoopStatistics, TickReport
 from controlplane.runtime.replicator import LocalReplicator
 from controlplane.runtime.transitions import TRANSITIONS_METRIC, TransitionRecorder
 
@@ -495,9 +495,31 @@ def test_a_new_holder_rebuilds_its_filters_from_the_adapters_recent_samples() ->
         loop.tick(t0)
         sig = loop.last_signals[DeploymentId("chat")]
         if expect_replay:
-            assert source.asked == [t0 - 30_000]  # the policy's stable window
+            assert source.asked == [t0 - REPORT_REPLAY_MS]  # reports: 2 min; samples: the 30 s stable window
             assert loop.statistics().replayed_epochs == 1
             # 80 replayed samples of 240 in flight, then this tick's own (idle) sample.
             assert sig is not None and sig.stable["concurrency"] == pytest.approx(240.0 * 80 / 81)
         else:
             assert sig is not None and sig.stable["concurrency"] == 0.0  # nothing to rebuild from
+
+
+def test_a_new_holder_commits_the_lifecycle_reports_its_predecessor_did_not() -> None:
+    """A follower drops the reports it gathers; a holder that died before committing a ``warmed``
+    would strand the instance in Warming. The new holder replays the adapters' recent reports: the
+    missing one moves the instance, reports older than its current state change nothing."""
+    r = rig(setup(min_replicas=1) + [c.CreateInstance(InstanceId("i1"), DeploymentId("chat"), ClusterId("c1"), 0),
+                                     c.TransitionInstance(InstanceId("i1"), InstanceEvent.START_WARMUP, 1_000)])
+    t0 = 100_000
+    history = [
+        Observations(500, reports=(report("i1", InstanceEvent.START_WARMUP, 500),)),  # committed already
+        Observations(900, reports=(report("i1", InstanceEvent.WARMUP_FAILED, 900),)),  # older than Warming: stale
+        Observations(60_000, reports=(report("i1", InstanceEvent.WARMED, 60_000),)),  # never committed
+    ]
+    loop = ControlLoop(r.replicator, RecordingAdapter(r.replicator), ReplayingSource(history), rng=random.Random(5),
+                       authority=lambda now: 9)
+    loop.tick(t0)
+    inst = r.state.instances[InstanceId("i1")]
+    assert inst.state is S.READY and inst.state_since_ms == 60_000
+    assert [(t.event, t.latency_ms) for t in r.transitions if t.instance_id == "i1"] == [(InstanceEvent.WARMED, 59_000)]
+    loop.tick(t0 + 250)  # the replay happens once per epoch
+    assert r.state.instances[InstanceId("i1")].state is S.READY

@@ -44,6 +44,21 @@ class ClusterAdapterStub:
                 request_serializer=controlplane_dot_api_dot_v1_dot_adapter__pb2.ApplyRequest.SerializeToString,
                 response_deserializer=controlplane_dot_api_dot_v1_dot_adapter__pb2.ApplyReply.FromString,
                 _registered_method=True)
+        self.Scale = channel.unary_unary(
+                '/controlplane.api.v1.ClusterAdapter/Scale',
+                request_serializer=controlplane_dot_api_dot_v1_dot_adapter__pb2.ScaleRequest.SerializeToString,
+                response_deserializer=controlplane_dot_api_dot_v1_dot_adapter__pb2.ApplyReply.FromString,
+                _registered_method=True)
+        self.Observe = channel.unary_stream(
+                '/controlplane.api.v1.ClusterAdapter/Observe',
+                request_serializer=controlplane_dot_api_dot_v1_dot_adapter__pb2.ObserveRequest.SerializeToString,
+                response_deserializer=controlplane_dot_api_dot_v1_dot_adapter__pb2.ObservationBatch.FromString,
+                _registered_method=True)
+        self.Recent = channel.unary_unary(
+                '/controlplane.api.v1.ClusterAdapter/Recent',
+                request_serializer=controlplane_dot_api_dot_v1_dot_adapter__pb2.RecentRequest.SerializeToString,
+                response_deserializer=controlplane_dot_api_dot_v1_dot_adapter__pb2.RecentReply.FromString,
+                _registered_method=True)
 
 
 class ClusterAdapterServicer:
@@ -58,7 +73,29 @@ class ClusterAdapterServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Apply(self, request, context):
-        """One instance command (create, wake, sleep, drain, cancel).
+        """One instance command (create, wake, sleep, drain, cancel, terminate).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Scale(self, request, context):
+        """Scale a deployment to N instances, removing the named victims first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Observe(self, request, context):
+        """Observation batches, one per interval, from just after `after_seq` (those still in the ring
+        buffer are sent first), until the client cancels.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Recent(self, request, context):
+        """The batches of the last `max_age_ms` from the ring buffer, oldest first.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -76,6 +113,21 @@ def add_ClusterAdapterServicer_to_server(servicer, server):
                     servicer.Apply,
                     request_deserializer=controlplane_dot_api_dot_v1_dot_adapter__pb2.ApplyRequest.FromString,
                     response_serializer=controlplane_dot_api_dot_v1_dot_adapter__pb2.ApplyReply.SerializeToString,
+            ),
+            'Scale': grpc.unary_unary_rpc_method_handler(
+                    servicer.Scale,
+                    request_deserializer=controlplane_dot_api_dot_v1_dot_adapter__pb2.ScaleRequest.FromString,
+                    response_serializer=controlplane_dot_api_dot_v1_dot_adapter__pb2.ApplyReply.SerializeToString,
+            ),
+            'Observe': grpc.unary_stream_rpc_method_handler(
+                    servicer.Observe,
+                    request_deserializer=controlplane_dot_api_dot_v1_dot_adapter__pb2.ObserveRequest.FromString,
+                    response_serializer=controlplane_dot_api_dot_v1_dot_adapter__pb2.ObservationBatch.SerializeToString,
+            ),
+            'Recent': grpc.unary_unary_rpc_method_handler(
+                    servicer.Recent,
+                    request_deserializer=controlplane_dot_api_dot_v1_dot_adapter__pb2.RecentRequest.FromString,
+                    response_serializer=controlplane_dot_api_dot_v1_dot_adapter__pb2.RecentReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -132,6 +184,87 @@ class ClusterAdapter:
             '/controlplane.api.v1.ClusterAdapter/Apply',
             controlplane_dot_api_dot_v1_dot_adapter__pb2.ApplyRequest.SerializeToString,
             controlplane_dot_api_dot_v1_dot_adapter__pb2.ApplyReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Scale(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/controlplane.api.v1.ClusterAdapter/Scale',
+            controlplane_dot_api_dot_v1_dot_adapter__pb2.ScaleRequest.SerializeToString,
+            controlplane_dot_api_dot_v1_dot_adapter__pb2.ApplyReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Observe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/controlplane.api.v1.ClusterAdapter/Observe',
+            controlplane_dot_api_dot_v1_dot_adapter__pb2.ObserveRequest.SerializeToString,
+            controlplane_dot_api_dot_v1_dot_adapter__pb2.ObservationBatch.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Recent(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/controlplane.api.v1.ClusterAdapter/Recent',
+            controlplane_dot_api_dot_v1_dot_adapter__pb2.RecentRequest.SerializeToString,
+            controlplane_dot_api_dot_v1_dot_adapter__pb2.RecentReply.FromString,
             options,
             channel_credentials,
             insecure,

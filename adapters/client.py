@@ -1,0 +1,222 @@
+"""The coordinators' side of the adapter protocol: :class:`RemoteAdapter` (the fenced command port)
+and :class:`RemoteObservations` (the observation source, fed by one ``Observe`` stream per cluster).
+
+Clocks: adapters stamp observations with their wall clock; a coordinator decides on its own
+(monotonic) clock. :class:`ClockMap` keeps, per adapter, the smallest ``receive - at`` difference seen
+recently; adding it maps an adapter time onto the coordinator's clock no later than the moment the
+batch arrived (the error is the one-way delay of the fastest recent batch, ~1 ms on a LAN), with no
+assumption that the two clocks agree.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping
+
+import grpc
+import structlog
+
+from adapters.service import STALE_EPOCH_METADATA
+from adapters.wire import observations_of
+from controlplane.api.v1 import adapter_pb2, adapter_pb2_grpc
+from controlplane.domain.errors import NotFound, StaleEpoch, Unavailable, ValidationError
+from controlplane.domain.ids import DeploymentId, InstanceId
+from controlplane.domain.observations import InstanceReport, InstanceSample, Observations
+
+log = structlog.get_logger("adapters.client")
+
+SAMPLE_MAX_AGE_MS = 1_000
+"""A sample older than this (on the coordinator's clock) is no longer reported: the instance has
+stopped being observed (gone, or its adapter is unreachable)."""
+MAX_PENDING_REPORTS = 100_000
+"""Bound on lifecycle reports held between two gathers."""
+RECENT_DEADLINE_S = 1.0
+
+
+def _raise_translated(exc: grpc.RpcError) -> None:
+    code = exc.code()
+    trailing = dict(exc.trailing_metadata() or ())
+    if code is grpc.StatusCode.FAILED_PRECONDITION and trailing.get(STALE_EPOCH_METADATA[0]) == STALE_EPOCH_METADATA[1]:
+        got, highest = _parse_stale(exc.details() or "")
+        raise StaleEpoch(got, highest) from exc
+    if code is grpc.StatusCode.INVALID_ARGUMENT:
+        raise ValidationError("adapter", exc.details() or "invalid argument") from exc
+    if code is grpc.StatusCode.NOT_FOUND:
+        raise NotFound("adapter", exc.details() or "not found") from exc
+    raise Unavailable(f"adapter: {code.name}: {exc.details()}") from exc
+
+
+def _parse_stale(details: str) -> tuple[int, int]:
+    # "[what: ]stale epoch 3: highest seen is 7" (StaleEpoch's message)
+    try:
+        head, _, tail = details.rpartition("stale epoch ")[2].partition(":")
+        return int(head.split()[-1]), int(tail.split()[-1])
+    except (ValueError, IndexError):
+        return -1, -1
+
+
+class RemoteAdapter:
+    """``ports.FencedAdapter`` over gRPC: one channel per cluster's adapter address."""
+
+    def __init__(self, addresses: Mapping[str, str], deadline_s: float = 0.5) -> None:
+        self._channels = {cid: grpc.insecure_channel(addr) for cid, addr in addresses.items()}
+        self._stubs = {cid: adapter_pb2_grpc.ClusterAdapterStub(ch) for cid, ch in self._channels.items()}
+        self._deadline_s = deadline_s
+
+    def clusters(self) -> list[str]:
+        return sorted(self._stubs)
+
+    def close(self) -> None:
+        for ch in self._channels.values():
+            ch.close()
+
+    def _stub(self, cluster_id: str) -> adapter_pb2_grpc.ClusterAdapterStub:
+        stub = self._stubs.get(cluster_id)
+        if stub is None:
+            raise Unavailable(f"adapter: no address configured for cluster {cluster_id!r}")
+        return stub
+
+    def fence(self, cluster_id: str, fence, now_ms: int) -> None:
+        token = adapter_pb2.FenceToken(epoch=fence.epoch, seq=fence.seq, holder=fence.holder)
+        try:
+            self._stub(cluster_id).Fence(adapter_pb2.FenceRequest(cluster_id=cluster_id, fence=token), timeout=self._deadline_s)
+        except grpc.RpcError as exc:
+            _raise_translated(exc)
+
+    def send(self, cluster_id: str, command, fence, now_ms: int) -> None:
+        inst = command.instance
+        request = adapter_pb2.ApplyRequest(
+            cluster_id=cluster_id, request_id=command.request_id, action=command.action, deadline_ms=command.deadline_ms,
+            fence=adapter_pb2.FenceToken(epoch=fence.epoch, seq=fence.seq, holder=fence.holder),
+            instance=adapter_pb2.InstanceRef(instance_id=inst.id, deployment_id=inst.deployment, tenant_id=inst.tenant,
+                                             zone=inst.zone, pool=inst.pool, gpus=inst.gpus),
+        )
+        try:
+            self._stub(cluster_id).Apply(request, timeout=self._deadline_s)
+        except grpc.RpcError as exc:
+            _raise_translated(exc)
+
+
+class ClockMap:
+    """Maps one adapter's clock onto the local one: ``local = remote + offset`` where ``offset`` is
+    the smallest ``local_receive - remote_at`` over the last ``window`` batches."""
+
+    def __init__(self, window: int = 32) -> None:
+        self._diffs: deque[int] = deque(maxlen=window)
+
+    def observe(self, remote_at_ms: int, local_receive_ms: int) -> None:
+        self._diffs.append(local_receive_ms - remote_at_ms)
+
+    def offset(self) -> int | None:
+        return min(self._diffs) if self._diffs else None
+
+
+class RemoteObservations:
+    """``ports.ReplayableSource`` over the adapters' Observe streams (one thread per cluster).
+
+    ``gather`` returns the newest sample of every instance observed within ``SAMPLE_MAX_AGE_MS``
+    (holding the last value between two batches, as Prometheus-based autoscalers do), every lifecycle
+    report received since the previous gather, and the newest gateway queue of each deployment.
+    """
+
+    def __init__(self, addresses: Mapping[str, str], clock_ms: Callable[[], int], *,
+                 reconnect_max_s: float = 2.0) -> None:
+        self._clock_ms = clock_ms
+        self._reconnect_max_s = reconnect_max_s
+        self._channels = {cid: grpc.insecure_channel(addr) for cid, addr in addresses.items()}
+        self._stubs = {cid: adapter_pb2_grpc.ClusterAdapterStub(ch) for cid, ch in self._channels.items()}
+        self._clocks = {cid: ClockMap() for cid in addresses}
+        self._lock = threading.Lock()
+        self._samples: dict[InstanceId, InstanceSample] = {}
+        self._reports: list[InstanceReport] = []
+        self._gateway: dict[tuple[str, DeploymentId], int] = {}
+        self._calls: dict[str, grpc.Future] = {}
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.batches_received = 0
+        self.connected: dict[str, bool] = {cid: False for cid in addresses}
+
+    def start(self) -> None:
+        for cid in sorted(self._stubs):
+            t = threading.Thread(target=self._follow, args=(cid,), name=f"observe-{cid}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def close(self) -> None:
+        self._stop.set()
+        with self._lock:
+            calls = list(self._calls.values())
+        for call in calls:
+            call.cancel()
+        for t in self._threads:
+            t.join(5.0)
+        for ch in self._channels.values():
+            ch.close()
+
+    # -- the stream threads ---------------------------------------------------------------------
+    def _follow(self, cid: str) -> None:
+        after, stream_id, backoff = 0, "", 0.1
+        while not self._stop.is_set():
+            call = self._stubs[cid].Observe(adapter_pb2.ObserveRequest(cluster_id=cid, after_seq=after, stream_id=stream_id))
+            with self._lock:
+                self._calls[cid] = call
+            try:
+                for batch in call:
+                    if not self.connected[cid]:
+                        self.connected[cid] = True
+                        log.info("observe_connected", cluster=cid, stream_id=batch.stream_id, after_seq=after)
+                    after, stream_id, backoff = batch.seq, batch.stream_id, 0.1
+                    self._receive(cid, batch)
+            except grpc.RpcError as exc:
+                if self._stop.is_set():
+                    return
+                if self.connected[cid]:
+                    log.warning("observe_disconnected", cluster=cid, code=exc.code().name, detail=exc.details())
+                self.connected[cid] = False
+            self._stop.wait(backoff)
+            backoff = min(backoff * 2, self._reconnect_max_s)
+
+    def _receive(self, cid: str, batch: adapter_pb2.ObservationBatch) -> None:
+        clock = self._clocks[cid]
+        clock.observe(batch.at_ms, self._clock_ms())
+        obs = observations_of(batch, clock.offset() or 0)
+        with self._lock:
+            self.batches_received += 1
+            for s in obs.samples:
+                self._samples[s.instance_id] = s
+            room = MAX_PENDING_REPORTS - len(self._reports)
+            self._reports.extend(obs.reports[:max(0, room)])
+            for key in [k for k in self._gateway if k[0] == cid]:
+                del self._gateway[key]
+            for dep, n in obs.gateway_waiting:
+                self._gateway[(cid, dep)] = n
+
+    # -- the ObservationSource port -------------------------------------------------------------
+    def gather(self, now_ms: int) -> Observations:
+        with self._lock:
+            for iid in [i for i, s in self._samples.items() if now_ms - s.at_ms > SAMPLE_MAX_AGE_MS]:
+                del self._samples[iid]
+            samples = tuple(self._samples[i] for i in sorted(self._samples))
+            reports, self._reports = tuple(self._reports), []
+            gateway: dict[DeploymentId, int] = {}
+            for (_, dep), n in self._gateway.items():
+                gateway[dep] = gateway.get(dep, 0) + n
+        return Observations(now_ms, samples, reports, tuple(sorted(gateway.items())))
+
+    def recent(self, since_ms: int) -> list[Observations]:
+        """The adapters' ring buffers since ``since_ms`` (local clock), oldest first; an adapter that
+        does not answer within a second is skipped (logged)."""
+        out: list[Observations] = []
+        for cid in sorted(self._stubs):
+            asked = self._clock_ms()
+            try:
+                reply = self._stubs[cid].Recent(
+                    adapter_pb2.RecentRequest(cluster_id=cid, max_age_ms=max(0, asked - since_ms)), timeout=RECENT_DEADLINE_S)
+            except grpc.RpcError as exc:
+                log.warning("recent_unavailable", cluster=cid, code=exc.code().name, detail=exc.details())
+                continue
+            shift = self._clock_ms() - reply.now_ms  # no later than the adapter's "now", like ClockMap
+            out.extend(observations_of(b, shift) for b in reply.batches)
+        out.sort(key=lambda o: o.at_ms)
+        return out

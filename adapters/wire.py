@@ -1,0 +1,47 @@
+"""Conversions between the domain's observation values and the adapter protocol's messages, in one
+place for both ends (the adapter service and the coordinators' client). ``shift_ms`` maps the
+adapter's clock onto the receiver's (see :class:`adapters.client.ClockMap`)."""
+
+from __future__ import annotations
+
+from controlplane.api.v1 import adapter_pb2
+from controlplane.domain.ids import DeploymentId, InstanceId
+from controlplane.domain.observations import InstanceReport, InstanceSample, Observations
+
+
+def batch_of(cluster_id: str, seq: int, stream_id: str, obs: Observations) -> adapter_pb2.ObservationBatch:
+    return adapter_pb2.ObservationBatch(
+        cluster_id=cluster_id, seq=seq, at_ms=obs.at_ms, stream_id=stream_id,
+        samples=[sample_message(s) for s in obs.samples],
+        reports=[adapter_pb2.InstanceReport(instance_id=r.instance_id, event=r.event, at_ms=r.at_ms, detail=r.detail)
+                 for r in obs.reports],
+        gateway=[adapter_pb2.GatewayQueue(deployment_id=d, waiting=n) for d, n in obs.gateway_waiting],
+    )
+
+
+def sample_message(s: InstanceSample) -> adapter_pb2.InstanceSample:
+    msg = adapter_pb2.InstanceSample(
+        instance_id=s.instance_id, deployment_id=s.deployment, at_ms=s.at_ms, running=s.running, waiting=s.waiting,
+        kv_usage=s.kv_usage, prompt_tokens_per_s=s.prompt_tokens_per_s,
+        generation_tokens_per_s=s.generation_tokens_per_s, gpu_mem_used_bytes=s.gpu_mem_used_bytes,
+        gpu_mem_total_bytes=s.gpu_mem_total_bytes, healthy=s.healthy,
+    )
+    if s.ttft_p99_ms is not None:
+        msg.ttft_p99_ms = s.ttft_p99_ms
+    return msg
+
+
+def observations_of(batch: adapter_pb2.ObservationBatch, shift_ms: int = 0) -> Observations:
+    samples = tuple(
+        InstanceSample(
+            instance_id=InstanceId(m.instance_id), deployment=DeploymentId(m.deployment_id), at_ms=m.at_ms + shift_ms,
+            running=m.running, waiting=m.waiting, kv_usage=m.kv_usage, prompt_tokens_per_s=m.prompt_tokens_per_s,
+            generation_tokens_per_s=m.generation_tokens_per_s,
+            ttft_p99_ms=m.ttft_p99_ms if m.HasField("ttft_p99_ms") else None,
+            gpu_mem_used_bytes=m.gpu_mem_used_bytes, gpu_mem_total_bytes=m.gpu_mem_total_bytes, healthy=m.healthy,
+        )
+        for m in batch.samples
+    )
+    reports = tuple(InstanceReport(InstanceId(r.instance_id), r.event, r.at_ms + shift_ms, r.detail) for r in batch.reports)
+    gateway = tuple((DeploymentId(g.deployment_id), g.waiting) for g in batch.gateway)
+    return Observations(batch.at_ms + shift_ms, samples, reports, gateway)
