@@ -59,7 +59,8 @@ class InstanceCommand:
     instance: InstanceSpec
     fence: FenceToken
     deadline_ms: int = 0
-    """For ``drain``: when running requests are aborted (wall-clock ms since the Unix epoch)."""
+    """For ``drain``: when running requests are aborted, on the adapter's clock (wall-clock ms since
+    the Unix epoch; the wire carries a relative ``drain_timeout_ms``)."""
 
 
 @dataclass(frozen=True, slots=True)

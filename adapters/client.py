@@ -87,7 +87,8 @@ class RemoteAdapter:
     def send(self, cluster_id: str, command, fence, now_ms: int) -> None:
         inst = command.instance
         request = adapter_pb2.ApplyRequest(
-            cluster_id=cluster_id, request_id=command.request_id, action=command.action, deadline_ms=command.deadline_ms,
+            cluster_id=cluster_id, request_id=command.request_id, action=command.action,
+            drain_timeout_ms=max(0, command.deadline_ms - now_ms) if command.deadline_ms else 0,
             fence=adapter_pb2.FenceToken(epoch=fence.epoch, seq=fence.seq, holder=fence.holder),
             instance=adapter_pb2.InstanceRef(instance_id=inst.id, deployment_id=inst.deployment, tenant_id=inst.tenant,
                                              zone=inst.zone, pool=inst.pool, gpus=inst.gpus),

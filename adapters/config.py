@@ -104,4 +104,4 @@ def build_backend(cfg: AdapterConfig) -> Backend:
         return RecordingBackend(cfg.recording.path)
     from adapters.kubernetes import KubernetesBackend, KubernetesConfig
 
-    return KubernetesBackend.from_config(cfg.cluster_id, KubernetesConfig.model_validate(cfg.kubernetes))
+    return KubernetesBackend.from_config(KubernetesConfig.model_validate(cfg.kubernetes))

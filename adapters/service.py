@@ -274,10 +274,12 @@ class AdapterServicer(adapter_pb2_grpc.ClusterAdapterServicer):
         inst = request.instance
         if not inst.instance_id or not inst.deployment_id:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "instance: instance_id and deployment_id must not be empty")
+        if request.drain_timeout_ms < 0:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"drain_timeout_ms: must be >= 0, got {request.drain_timeout_ms}")
         command = InstanceCommand(
             request.request_id, request.action,
             InstanceSpec(inst.instance_id, inst.deployment_id, inst.tenant_id, inst.zone, inst.pool, inst.gpus or 1),
-            _token(request.fence), request.deadline_ms,
+            _token(request.fence), self._clock_ms() + request.drain_timeout_ms,
         )
         return self._carry_out(request.action, request.cluster_id, command, context)
 

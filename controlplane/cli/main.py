@@ -113,6 +113,7 @@ def _coordinator(args: argparse.Namespace) -> int:
     from controlplane.coordinator import Coordinator, topology_of
 
     cfg = load_config(args.config)
+    _service_logging()
     node = Coordinator(cfg, topology_of(cfg))
     stopped = _on_signals(node.stop)
     node.start()
@@ -175,12 +176,25 @@ def _adapter(args: argparse.Namespace) -> int:
             field, problem = first_problem(exc)
             flag = {"cluster_id": "--cluster", "listen": "--listen", "state_dir": "--state-dir"}.get(field, "--record")
             raise ControlPlaneError(f"adapter: {flag}: {problem}") from None
+    _service_logging()
     backend = build_backend(cfg)
     server = serve_adapter(cfg.cluster_id, cfg.listen, cfg.state_dir, backend,
                            observe_interval_ms=cfg.observe_interval_ms, ring_s=cfg.ring_s)
     stopped = _on_signals(lambda: server.stop(0.5))
     stopped.wait()
     return 0
+
+
+def _service_logging() -> None:
+    """Long-running services log one JSON object per line on stderr (timestamped, with a level),
+    what log collectors (Fluent Bit, Vector, Loki) ingest without a parser."""
+    structlog.configure(
+        processors=[structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso", utc=True),
+                    structlog.processors.JSONRenderer(sort_keys=True)],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=True,
+    )
 
 
 def _on_signals(stop):

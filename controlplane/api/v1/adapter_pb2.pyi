@@ -49,20 +49,20 @@ class InstanceRef(_message.Message):
     def __init__(self, instance_id: _Optional[str] = ..., deployment_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., zone: _Optional[str] = ..., pool: _Optional[str] = ..., gpus: _Optional[int] = ...) -> None: ...
 
 class ApplyRequest(_message.Message):
-    __slots__ = ("cluster_id", "fence", "request_id", "action", "instance", "deadline_ms")
+    __slots__ = ("cluster_id", "fence", "request_id", "action", "instance", "drain_timeout_ms")
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     FENCE_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_FIELD_NUMBER: _ClassVar[int]
-    DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     cluster_id: str
     fence: FenceToken
     request_id: str
     action: str
     instance: InstanceRef
-    deadline_ms: int
-    def __init__(self, cluster_id: _Optional[str] = ..., fence: _Optional[_Union[FenceToken, _Mapping]] = ..., request_id: _Optional[str] = ..., action: _Optional[str] = ..., instance: _Optional[_Union[InstanceRef, _Mapping]] = ..., deadline_ms: _Optional[int] = ...) -> None: ...
+    drain_timeout_ms: int
+    def __init__(self, cluster_id: _Optional[str] = ..., fence: _Optional[_Union[FenceToken, _Mapping]] = ..., request_id: _Optional[str] = ..., action: _Optional[str] = ..., instance: _Optional[_Union[InstanceRef, _Mapping]] = ..., drain_timeout_ms: _Optional[int] = ...) -> None: ...
 
 class ApplyReply(_message.Message):
     __slots__ = ("applied", "highest_epoch")

@@ -1,0 +1,113 @@
+"""The adapter as a process (`controlplane adapter --config`): its fencing epoch survives a restart,
+duplicates are applied once, and bad configurations fail with one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from adapters.client import RemoteAdapter
+from controlplane.cli.up import free_ports
+from controlplane.domain.errors import StaleEpoch
+from controlplane.domain.instances import InitMethod, Instance, InstanceState
+from controlplane.ports import AdapterCommand, Fence
+
+REPO = Path(__file__).resolve().parents[2]
+EXE = [sys.executable, "-m", "controlplane.cli.main"]
+INST = Instance("chat-1", "chat", "acme", "gpu-a1", "az-a", "h100", 1, InstanceState.PENDING, InitMethod.COLD, 0, 0)
+
+
+def start_adapter(config: Path, log: Path) -> subprocess.Popen:
+    proc = subprocess.Popen(EXE + ["adapter", "--config", str(config)], env=dict(os.environ, PYTHONPATH=str(REPO)),
+                            stdout=subprocess.DEVNULL, stderr=open(log, "ab"))
+    return proc
+
+
+def wait_serving(address: str, proc: subprocess.Popen, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(address) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, f"adapter exited with {proc.returncode}"
+            try:
+                if stub.Check(health_pb2.HealthCheckRequest(), timeout=0.5).status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                time.sleep(0.05)
+    raise AssertionError(f"adapter on {address} not serving within {timeout_s}s")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def test_the_highest_epoch_survives_an_adapter_restart_and_duplicates_apply_once(tmp_path: Path) -> None:
+    address = f"127.0.0.1:{free_ports(1)[0]}"
+    config = tmp_path / "adapter.yaml"
+    config.write_text(yaml.safe_dump({
+        "cluster_id": "gpu-a1", "listen": address, "state_dir": "state", "backend": "recording",
+        "recording": {"path": "record.jsonl"},
+    }))
+    record = tmp_path / "record.jsonl"
+    client = RemoteAdapter({"gpu-a1": address}, deadline_s=5.0)
+    proc = start_adapter(config, tmp_path / "adapter.log")
+    try:
+        wait_serving(address, proc)
+        client.send("gpu-a1", AdapterCommand("e5-r1", "create", INST), Fence(5, 1, "coord-b"), 0)
+        client.send("gpu-a1", AdapterCommand("e5-r1", "create", INST), Fence(5, 1, "coord-b"), 0)  # a duplicate
+        with pytest.raises(StaleEpoch) as first:
+            client.send("gpu-a1", AdapterCommand("e4-r9", "drain", INST), Fence(4, 9, "coord-a"), 0)
+        assert (first.value.got, first.value.highest) == (4, 5)
+        stop(proc)
+        assert proc.returncode == 0
+
+        proc = start_adapter(config, tmp_path / "adapter.log")
+        wait_serving(address, proc)
+        with pytest.raises(StaleEpoch) as again:
+            client.send("gpu-a1", AdapterCommand("e4-r10", "drain", INST), Fence(4, 10, "coord-a"), 0)
+        assert (again.value.got, again.value.highest) == (4, 5)
+        with pytest.raises(StaleEpoch):
+            client.fence("gpu-a1", Fence(4, 11, "coord-a"), 0)
+    finally:
+        stop(proc)
+        client.close()
+    lines = [json.loads(x) for x in record.read_text().splitlines()]
+    accepted = [(x["action"], x["epoch"], x.get("request_id")) for x in lines if x["accepted"]]
+    assert accepted == [("create", 5, "e5-r1")]  # the duplicate changed nothing
+    assert [(x["action"], x["epoch"]) for x in lines if not x["accepted"]] == [("drain", 4), ("drain", 4), ("fence", 4)]
+    assert json.loads((tmp_path / "state" / "gpu-a1.epoch.json").read_text()) == {"epoch": 5, "holder": "coord-b"}
+
+
+@pytest.mark.parametrize(("config", "expected"), [
+    ({"cluster_id": "c1", "listen": "127.0.0.1:7001", "state_dir": "s", "backend": "simulated"},
+     "simulated: required when backend is 'simulated'"),
+    ({"cluster_id": "c1", "listen": "127.0.0.1:7001", "state_dir": "s", "backend": "simulated",
+      "simulated": {"deployments": [{"deployment": "chat", "load": [{"at_s": 5, "rps": 1}, {"at_s": 2, "rps": 3}]}]}},
+     "simulated.deployments[0].load: steps must be in strictly increasing at_s order"),
+    ({"cluster_id": "c1", "listen": "nowhere", "state_dir": "s", "backend": "recording", "recording": {"path": "r"}},
+     "listen: 'nowhere' is not 'host:port'"),
+])
+def test_a_bad_adapter_configuration_is_one_line_naming_the_field(tmp_path: Path, config: dict, expected: str) -> None:
+    path = tmp_path / "adapter.yaml"
+    path.write_text(yaml.safe_dump(config))
+    out = subprocess.run(EXE + ["adapter", "--config", str(path)], env=dict(os.environ, PYTHONPATH=str(REPO)),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
+    assert out.stderr.strip() == f"controlplane: error: {path}: {expected}"
