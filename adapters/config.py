@@ -29,7 +29,7 @@ from pydantic import ValidationError as PydanticValidationError
 
 from adapters.backend import Backend
 from adapters.simulated import SimulatedConfig
-from controlplane.config import ConfigError, check_address, check_id, first_problem
+from controlplane.config import ConfigError, check_address, check_id, first_problem, yaml_problem
 
 
 class RecordingConfig(BaseModel):
@@ -46,6 +46,8 @@ class AdapterConfig(BaseModel):
     observe_interval_ms: int = Field(250, ge=10, le=60_000)
     ring_s: float = Field(120.0, ge=1, le=3_600)
     """How much observation history a new lease holder can read back."""
+    nvml: bool = True
+    """Read the host's GPUs through NVML at start (one "no NVML" warning without a driver)."""
     backend: Literal["kubernetes", "simulated", "recording"]
     kubernetes: dict[str, Any] | None = None
     """Validated by :class:`adapters.kubernetes.KubernetesConfig` (imported only when used)."""
@@ -66,7 +68,7 @@ def load_adapter_config(path: str | os.PathLike[str]) -> AdapterConfig:
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read the configuration: {exc.strerror or exc}", file=str(p)) from exc
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{p}: not valid YAML: {exc}", file=str(p)) from exc
+        raise ConfigError(yaml_problem(p, exc), file=str(p)) from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{p}: the top level must be a mapping, got {type(raw).__name__}", file=str(p))
     if isinstance(raw.get("state_dir"), str) and not Path(raw["state_dir"]).is_absolute():

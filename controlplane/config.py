@@ -69,6 +69,14 @@ class ConfigError(PermanentError):
         self.field = field
 
 
+def yaml_problem(path: Path, exc: yaml.YAMLError) -> str:
+    """``FILE:LINE: not valid YAML: PROBLEM`` on one line (PyYAML's own message spans several)."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f":{mark.line + 1}" if mark is not None else ""
+    problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+    return f"{path}{where}: not valid YAML: {problem}"
+
+
 def address_problem(value: object) -> str | None:
     """Why ``value`` is not a ``host:port`` address, or None."""
     if not isinstance(value, str):
@@ -388,7 +396,7 @@ def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = No
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read the configuration: {exc.strerror or exc}", file=str(p)) from exc
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{p}: not valid YAML: {exc}", file=str(p)) from exc
+        raise ConfigError(yaml_problem(p, exc), file=str(p)) from None
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):

@@ -45,6 +45,15 @@ class Topology:
     deployments: tuple[Deployment, ...] = ()
 
 
+def wall_ms() -> int:
+    """The control loop's clock: milliseconds since the Unix epoch. Everything the loop stamps into
+    the replicated state (``at_ms``, ``state_since_ms``, breaker and scale-memory times) is read back
+    by whichever member leads next, possibly on another machine, so it must be a clock the members
+    share (NTP-synchronised wall time, error ~ms). A monotonic clock starts at each machine's boot
+    and would make timeouts fire at once, or never, after a failover."""
+    return time.time_ns() // 1_000_000
+
+
 class Coordinator:
     def __init__(self, cfg: CoordinatorConfig, topology: Topology = Topology(), *, node_class=None) -> None:
         self.cfg = cfg
@@ -57,10 +66,10 @@ class Coordinator:
         self.replicator = RaftReplicator(self.node, cfg, fence=self.guard.fence,
                                          on_transitions=TransitionRecorder(self.registry).record)
         self.adapter = RemoteAdapter(dict(topology.adapters or {}))
-        self.observations = RemoteObservations(dict(topology.adapters or {}), self.node.clock_ms)
+        self.observations = RemoteObservations(dict(topology.adapters or {}), wall_ms)
         self.loop = ControlLoop(
             self.replicator, self.adapter, self.observations, rng=random.Random(),
-            authority=self.guard.authority, holder=cfg.node_id, act_delay_s=cfg.fault_act_delay_ms / 1000,
+            authority=self._authority, holder=cfg.node_id, act_delay_s=cfg.fault_act_delay_ms / 1000,
         )
         self.api: ApiServer | None = None
         self._stop = threading.Event()
@@ -95,7 +104,7 @@ class Coordinator:
         period_s = self.cfg.tick_ms / 1000
         next_at = time.monotonic()
         while not self._stop.is_set():
-            now_ms = self.node.clock_ms()
+            now_ms = wall_ms()
             try:
                 self._bootstrap(now_ms)
                 self.loop.tick(now_ms)
@@ -107,11 +116,16 @@ class Coordinator:
             self._stop.wait(max(0.0, next_at - time.monotonic()))
             next_at = max(next_at, time.monotonic() - period_s)  # never try to catch up a backlog
 
+    def _authority(self, now_ms: int) -> int | None:
+        """The lease epoch while this node may act. ``now_ms`` is the loop's wall clock; the lease
+        itself is judged on this node's monotonic clock (a wall-clock step must not extend it)."""
+        return self.guard.authority(self.node.clock_ms())
+
     def _bootstrap(self, now_ms: int) -> None:
         """Once per epoch, the holder upserts the configured clusters (idempotent PutCluster) and
         creates the configured tenants and deployments that do not exist yet (never overwriting
         what the API may have changed since)."""
-        epoch = self.guard.authority(now_ms)
+        epoch = self._authority(now_ms)
         if epoch is None or epoch == self._bootstrapped_epoch:
             return
         state = self.replicator.state

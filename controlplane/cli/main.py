@@ -177,12 +177,28 @@ def _adapter(args: argparse.Namespace) -> int:
             flag = {"cluster_id": "--cluster", "listen": "--listen", "state_dir": "--state-dir"}.get(field, "--record")
             raise ControlPlaneError(f"adapter: {flag}: {problem}") from None
     _service_logging()
+    gpus = _gpu_inventory() if cfg.nvml else None
     backend = build_backend(cfg)
     server = serve_adapter(cfg.cluster_id, cfg.listen, cfg.state_dir, backend,
                            observe_interval_ms=cfg.observe_interval_ms, ring_s=cfg.ring_s)
     stopped = _on_signals(lambda: server.stop(0.5))
     stopped.wait()
+    if gpus is not None:
+        gpus.close()
     return 0
+
+
+def _gpu_inventory():
+    """NVML on the adapter's host: one "no NVML" warning when there is no driver (samples then carry
+    the engines' own GPU metrics), else one ``gpu_inventory`` event listing the GPUs."""
+    from adapters.gpu import GpuMonitor
+
+    monitor = GpuMonitor()
+    if monitor.start():
+        structlog.get_logger("adapters.gpu").info("gpu_inventory", gpus=[
+            {"index": g.index, "uuid": g.uuid, "name": g.name, "total_bytes": g.total, "used_bytes": g.used}
+            for g in monitor.read()])
+    return monitor
 
 
 def _service_logging() -> None:

@@ -14,6 +14,7 @@ import pydantic
 import yaml
 from pydantic import Field
 
+from controlplane.config import yaml_problem
 from controlplane.domain.errors import PermanentError, ValidationError
 from controlplane.domain.ids import ClusterId, PoolId
 from controlplane.domain.tenants import Deployment, Tenant
@@ -120,9 +121,7 @@ def load_scenario(path: str | Path) -> Scenario:
     except OSError as exc:
         raise ScenarioError(f"{path}: cannot read: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark is not None else ""
-        raise ScenarioError(f"{path}{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+        raise ScenarioError(yaml_problem(path, exc)) from None
     return scenario_from_data(raw, source=str(path), base_dir=path.parent)
 
 

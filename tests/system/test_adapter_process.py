@@ -17,6 +17,7 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from adapters.client import RemoteAdapter
+from adapters.gpu import GpuMonitor
 from controlplane.cli.up import free_ports
 from controlplane.domain.errors import StaleEpoch
 from controlplane.domain.instances import InitMethod, Instance, InstanceState
@@ -92,6 +93,12 @@ def test_the_highest_epoch_survives_an_adapter_restart_and_duplicates_apply_once
     assert accepted == [("create", 5, "e5-r1")]  # the duplicate changed nothing
     assert [(x["action"], x["epoch"]) for x in lines if not x["accepted"]] == [("drain", 4), ("drain", 4), ("fence", 4)]
     assert json.loads((tmp_path / "state" / "gpu-a1.epoch.json").read_text()) == {"epoch": 5, "holder": "coord-b"}
+    # NVML: without a driver, each start says so once, clearly; with one, it lists the GPUs.
+    log = (tmp_path / "adapter.log").read_text()
+    if GpuMonitor().start():
+        assert log.count('"gpu_inventory"') == 2
+    else:
+        assert log.count('"no NVML: ') == 2 and '"fallback": "engine metrics"' in log
 
 
 @pytest.mark.parametrize(("config", "expected"), [
