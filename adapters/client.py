@@ -84,6 +84,18 @@ class RemoteAdapter:
         except grpc.RpcError as exc:
             _raise_translated(exc)
 
+    def scale(self, cluster_id: str, request_id: str, deployment_id: str, replicas: int, victims: list[str], fence) -> bool:
+        """Scale a deployment to ``replicas`` removing ``victims`` first; False if ``request_id`` had
+        been applied before."""
+        request = adapter_pb2.ScaleRequest(
+            cluster_id=cluster_id, request_id=request_id, deployment_id=deployment_id, replicas=replicas,
+            victims=victims, fence=adapter_pb2.FenceToken(epoch=fence.epoch, seq=fence.seq, holder=fence.holder))
+        try:
+            return self._stub(cluster_id).Scale(request, timeout=self._deadline_s).applied
+        except grpc.RpcError as exc:
+            _raise_translated(exc)
+            raise  # unreachable: _raise_translated always raises
+
     def send(self, cluster_id: str, command, fence, now_ms: int) -> None:
         inst = command.instance
         request = adapter_pb2.ApplyRequest(
@@ -162,6 +174,9 @@ class RemoteObservations:
             call = self._stubs[cid].Observe(adapter_pb2.ObserveRequest(cluster_id=cid, after_seq=after, stream_id=stream_id))
             with self._lock:
                 self._calls[cid] = call
+            if self._stop.is_set():  # close() ran between the loop check and the call: it missed this one
+                call.cancel()
+                return
             try:
                 for batch in call:
                     if not self.connected[cid]:

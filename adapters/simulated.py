@@ -36,6 +36,8 @@ from controlplane.sim.workload import lognormal_int
 
 TTFT_MEMORY = 10_000
 """TTFTs kept per deployment for :meth:`SimulatedBackend.statistics`."""
+SCALE_DRAIN_TIMEOUT_MS = 30_000
+"""How long instances removed by a ``Scale`` command may finish their in-flight requests."""
 MAX_EVENTS_PER_ADVANCE = 2_000_000
 """Safety bound: a configuration asking for absurd rates cannot wedge the adapter."""
 
@@ -190,6 +192,7 @@ class SimulatedBackend:
             event = self._heap[0][0] if self._heap else float("inf")
             if min(arrival, event) > now_ms:
                 break
+            self._expire(int(min(arrival, event)))  # in time order: a warm-up must not serve expired requests
             if arrival <= event:
                 self._arrive(dep, arrival)
                 self._next_arrival[dep] = self._draw_arrival(dep, arrival)
@@ -202,9 +205,12 @@ class SimulatedBackend:
                     self.fleet.on_warm_done(payload, t)
                 elif kind == DRAIN_DEADLINE:
                     self.fleet.on_drain_deadline(payload, t)
-        for dep, cfg in self._cfg.items():
-            self.fleet.drop_expired(dep, cfg.max_queue_ms, now_ms)
+        self._expire(now_ms)
         self._now_ms = now_ms
+
+    def _expire(self, at_ms: int) -> None:
+        for dep, cfg in self._cfg.items():
+            self.fleet.drop_expired(dep, cfg.max_queue_ms, at_ms)
 
     def _arrive(self, dep: DeploymentId, at_ms: float) -> None:
         cfg = self._cfg[dep]
@@ -226,8 +232,9 @@ class SimulatedBackend:
                                command.deadline_ms, self._now_ms)
 
     def scale(self, command: ScaleCommand, now_ms: int) -> None:
-        """Remove ``victims`` (drain, no deadline), then create or drain instances until
-        ``replicas`` are not draining; new instances are named ``<deployment>-<request id>-<k>``."""
+        """Drain ``victims`` first, then create or drain instances until ``replicas`` are not
+        draining; drained instances finish their requests for up to ``SCALE_DRAIN_TIMEOUT_MS``. New
+        instances are named ``<deployment>-<request id>-<k>``."""
         dep = DeploymentId(command.deployment_id)
         if dep not in self._cfg:
             raise NotFound("deployment_id", f"{command.deployment_id!r} is not simulated on cluster {self.cluster_id!r}")
@@ -237,15 +244,16 @@ class SimulatedBackend:
             unknown = [v for v in command.victims if v not in live]
             if unknown:
                 raise NotFound("victims", f"no instance {unknown[0]!r} of {dep!r} on cluster {self.cluster_id!r}")
+            deadline = self._now_ms + SCALE_DRAIN_TIMEOUT_MS
             for victim in command.victims:
-                self.fleet.execute("drain", _Ref(InstanceId(victim), dep, self.cluster_id, 1), self._now_ms, self._now_ms)
+                self.fleet.execute("drain", _Ref(InstanceId(victim), dep, self.cluster_id, 1), deadline, self._now_ms)
             active = sorted(i for i, s in live.items() if s.phase != "draining")
             gpus = PROFILES[self._cfg[dep].model].gpus_per_instance
             for k in range(command.replicas - len(active)):
                 ref = _Ref(InstanceId(f"{dep}-{command.request_id}-{k}"), dep, self.cluster_id, gpus)
                 self.fleet.execute("create", ref, 0, self._now_ms)
             for extra in active[command.replicas:] if len(active) > command.replicas else []:
-                self.fleet.execute("drain", _Ref(InstanceId(extra), dep, self.cluster_id, gpus), self._now_ms, self._now_ms)
+                self.fleet.execute("drain", _Ref(InstanceId(extra), dep, self.cluster_id, gpus), deadline, self._now_ms)
 
     def observe(self, now_ms: int) -> Observations:
         with self._lock:

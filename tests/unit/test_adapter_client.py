@@ -1,0 +1,350 @@
+"""The coordinators' side of the observation stream: RemoteObservations against real adapter servers
+(scripted backends, pumped by hand), and ClockMap.
+
+Every adapter here runs ``serve_adapter`` with a one-minute observe interval: its hub thread pumps
+once at start, and the test pumps every further batch itself (``server.hub.pump()``). Waiting for a
+batch to cross the real gRPC stream is a bounded poll (:func:`wait_for`), never a fixed sleep.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from adapters.client import SAMPLE_MAX_AGE_MS, ClockMap, RemoteObservations
+from adapters.service import AdapterServer, serve_adapter, wall_ms
+from controlplane.domain.observations import (
+    InstanceReport,
+    InstanceSample,
+    Observations,
+)
+
+OFFSET = -10**12
+"""The coordinator's clock runs this far behind the adapters' clocks."""
+
+
+class FakeClock:
+    def __init__(self, now: int) -> None:
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+
+class QueueBackend:
+    """Backend fake: ``observe`` returns the next queued Observations (or builds it from a callable
+    of ``now_ms``), else an empty one. Commands are ignored."""
+
+    def __init__(self) -> None:
+        self.queue: deque[Observations | Callable[[int], Observations]] = deque()
+        self._lock = threading.Lock()
+
+    def apply(self, command, now_ms: int) -> None:
+        pass
+
+    def scale(self, command, now_ms: int) -> None:
+        pass
+
+    def observe(self, now_ms: int) -> Observations:
+        with self._lock:
+            nxt = self.queue.popleft() if self.queue else None
+        if nxt is None:
+            return Observations(now_ms)
+        return nxt(now_ms) if callable(nxt) else nxt
+
+    def close(self) -> None:
+        pass
+
+
+def wait_for(cond: Callable[[], bool], timeout_s: float = 5.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.005)
+
+
+def sample(iid: str, at_ms: int, running: int = 2, dep: str = "d1") -> InstanceSample:
+    return InstanceSample(iid, dep, at_ms, running, 1, 0.25, 100.0, 200.0, 55.0, 1, 2, True)
+
+
+class Adapters:
+    """Starts scripted adapter servers and stops them all at the end."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self._tmp = tmp_path
+        self.servers: list[AdapterServer] = []
+
+    def start(self, cluster_id: str, clock: Callable[[], int], address: str = "127.0.0.1:0",
+              backend: QueueBackend | None = None) -> tuple[AdapterServer, QueueBackend]:
+        backend = backend or QueueBackend()
+        server = serve_adapter(cluster_id, address, self._tmp / f"state-{cluster_id}", backend,
+                               observe_interval_ms=60_000, ring_s=3_600, clock_ms=clock)
+        self.servers.append(server)
+        hub = server.hub
+        assert hub is not None
+        wait_for(lambda: len(hub.after(0, timeout_s=0)) == 1, what="the hub thread's first pump")
+        return server, backend
+
+    def stop_all(self) -> None:
+        for s in self.servers:
+            s.stop(0.1)
+
+
+@pytest.fixture
+def adapters(tmp_path: Path):
+    a = Adapters(tmp_path)
+    yield a
+    a.stop_all()
+
+
+@pytest.fixture
+def observations():
+    """RemoteObservations factory; every one made is closed at the end."""
+    made: list[RemoteObservations] = []
+
+    def make(addresses: dict[str, str], clock: Callable[[], int], start: bool = True) -> RemoteObservations:
+        obs = RemoteObservations(addresses, clock, reconnect_max_s=0.2)
+        made.append(obs)
+        if start:
+            obs.start()
+        return obs
+
+    yield make
+    for obs in made:
+        obs.close()
+
+
+def addr(server: AdapterServer) -> str:
+    return f"127.0.0.1:{server.port}"
+
+
+def pumped(obs: RemoteObservations, server: AdapterServer, local: FakeClock | None = None,
+           local_now: int | None = None) -> None:
+    """Pump one batch on ``server`` and wait until the client has received it (the local clock is set
+    first, so the receive time is known)."""
+    if local is not None and local_now is not None:
+        local.now = local_now
+    before = obs.batches_received
+    server.hub.pump()
+    wait_for(lambda: obs.batches_received == before + 1, what="the batch to arrive")
+
+
+# --- ClockMap ------------------------------------------------------------------------------------------
+
+
+def test_clock_map_offset_is_the_minimum_of_the_last_window() -> None:
+    m = ClockMap(window=3)
+    assert m.offset() is None
+    m.observe(1_000, 1_050)  # 50
+    assert m.offset() == 50
+    m.observe(2_000, 2_020)  # 20
+    m.observe(3_000, 3_090)  # 90
+    assert m.offset() == 20
+    m.observe(4_000, 4_070)  # 70: the window is now 20, 90, 70
+    assert m.offset() == 20
+    m.observe(5_000, 5_080)  # 80: 20 has left the window
+    assert m.offset() == 70
+    m.observe(6_000, 6_000 + OFFSET)  # a remote clock far ahead of the local one
+    assert m.offset() == OFFSET
+
+
+# --- RemoteObservations over real streams ----------------------------------------------------------------
+
+
+def test_sample_times_are_mapped_onto_the_local_clock_never_after_receipt(adapters, observations) -> None:
+    server, backend = adapters.start("c1", wall_ms)  # the adapter stamps with the real wall clock
+    receipts: list[int] = []
+
+    def local() -> int:
+        now = wall_ms() + OFFSET
+        receipts.append(now)
+        return now
+
+    obs = observations({"c1": addr(server)}, local)
+    wait_for(lambda: obs.batches_received == 1, what="the first batch")
+    for _ in range(3):
+        backend.queue.append(lambda now: Observations(now, (sample("i1", now),)))
+        pumped(obs, server)
+    received_at = receipts[-1]  # the client reads its clock once per batch
+    got = obs.gather(local())
+    (s,) = got.samples
+    assert s.at_ms <= received_at
+    assert received_at - s.at_ms < 1_000  # near the local clock, not 10**12 ms away
+    assert abs(got.at_ms - s.at_ms) < 2_000
+    assert obs.connected == {"c1": True}
+
+
+def test_offset_uses_the_fastest_recent_batch(adapters, observations) -> None:
+    adapter = FakeClock(2 * 10**12)
+    local = FakeClock(adapter.now + OFFSET + 5)  # the first batch arrives 5 ms "late"
+    server, backend = adapters.start("c1", adapter)
+    obs = observations({"c1": addr(server)}, local)
+    wait_for(lambda: obs.batches_received == 1, what="the first batch")
+    adapter.now += 1_000
+    backend.queue.append(Observations(adapter.now, (sample("i1", adapter.now),),
+                                      (InstanceReport("i1", "warmed", adapter.now - 100),)))
+    pumped(obs, server, local, adapter.now + OFFSET + 40)  # this one 40 ms late
+    got = obs.gather(local.now)
+    (s,) = got.samples
+    assert s.at_ms == adapter.now + OFFSET + 5  # mapped with the smallest difference seen
+    assert [(r.instance_id, r.event, r.at_ms) for r in got.reports] == [("i1", "warmed", adapter.now - 100 + OFFSET + 5)]
+    assert (s.running, s.waiting, s.kv_usage, s.ttft_p99_ms, s.gpu_mem_total_bytes) == (2, 1, 0.25, 55.0, 2)
+
+
+def test_the_newest_sample_is_held_between_batches_then_dropped_when_old(adapters, observations) -> None:
+    adapter = FakeClock(3 * 10**12)
+    local = FakeClock(adapter.now + OFFSET)
+    server, backend = adapters.start("c1", adapter)
+    obs = observations({"c1": addr(server)}, local)
+    wait_for(lambda: obs.batches_received == 1, what="the first batch")
+    adapter.now += 250
+    backend.queue.append(Observations(adapter.now, (sample("i1", adapter.now, running=1), sample("i2", adapter.now))))
+    pumped(obs, server, local, adapter.now + OFFSET)
+    t1 = local.now
+    adapter.now += 250
+    backend.queue.append(Observations(adapter.now, (sample("i1", adapter.now, running=7),)))  # i2 not in this one
+    pumped(obs, server, local, adapter.now + OFFSET)
+    t2 = local.now
+    adapter.now += 250
+    pumped(obs, server, local, adapter.now + OFFSET)  # an empty batch: the values are held
+    held = obs.gather(local.now)
+    assert [(s.instance_id, s.running, s.at_ms) for s in held.samples] == [("i1", 7, t2), ("i2", 2, t1)]
+    assert [s.instance_id for s in obs.gather(t1 + SAMPLE_MAX_AGE_MS).samples] == ["i1", "i2"]
+    assert [s.instance_id for s in obs.gather(t1 + SAMPLE_MAX_AGE_MS + 1).samples] == ["i1"]
+    assert obs.gather(t2 + SAMPLE_MAX_AGE_MS + 1).samples == ()
+    assert obs.gather(t2).samples == ()  # dropped for good, not resurrected by an earlier "now"
+
+
+def test_reports_are_returned_by_exactly_one_gather(adapters, observations) -> None:
+    adapter = FakeClock(10**13)
+    local = FakeClock(adapter.now + OFFSET)
+    server, backend = adapters.start("c1", adapter)
+    obs = observations({"c1": addr(server)}, local)
+    wait_for(lambda: obs.batches_received == 1, what="the first batch")
+    adapter.now += 250
+    backend.queue.append(Observations(adapter.now, (), (InstanceReport("i1", "start_warmup", adapter.now - 10),
+                                                        InstanceReport("i2", "lost", adapter.now - 5, "node gone"))))
+    pumped(obs, server, local, adapter.now + OFFSET)
+    adapter.now += 250
+    backend.queue.append(Observations(adapter.now, (), (InstanceReport("i1", "warmed", adapter.now),)))
+    pumped(obs, server, local, adapter.now + OFFSET)
+    first = obs.gather(local.now)
+    assert [(r.instance_id, r.event, r.detail) for r in first.reports] == [
+        ("i1", "start_warmup", ""), ("i2", "lost", "node gone"), ("i1", "warmed", "")]
+    assert obs.gather(local.now).reports == ()
+    adapter.now += 250
+    pumped(obs, server, local, adapter.now + OFFSET)
+    assert obs.gather(local.now).reports == ()
+
+
+def test_gateway_queues_sum_across_clusters_and_follow_the_newest_batch(adapters, observations) -> None:
+    a1, a2 = FakeClock(10**12), FakeClock(10**12 + 77)
+    local = FakeClock(10)
+    s1, b1 = adapters.start("c1", a1)
+    s2, b2 = adapters.start("c2", a2)
+    obs = observations({"c1": addr(s1), "c2": addr(s2)}, local)
+    wait_for(lambda: obs.batches_received == 2, what="both first batches")
+    b1.queue.append(Observations(a1.now, (), (), (("d1", 3), ("d2", 1))))
+    pumped(obs, s1)
+    b2.queue.append(Observations(a2.now, (), (), (("d1", 4),)))
+    pumped(obs, s2)
+    assert obs.gather(local.now).gateway_waiting == (("d1", 7), ("d2", 1))
+    assert obs.gather(local.now).gateway_waiting == (("d1", 7), ("d2", 1))  # a level, not an event
+    pumped(obs, s1)  # c1's queues are empty now
+    assert obs.gather(local.now).gateway_waiting == (("d1", 4),)
+    b2.queue.append(Observations(a2.now, (), (), (("d1", 2),)))
+    pumped(obs, s2)
+    assert obs.gather(local.now).gateway_waiting == (("d1", 2),)
+
+
+def test_the_client_reconnects_to_a_restarted_adapter(adapters, observations, tmp_path: Path) -> None:
+    adapter = FakeClock(4 * 10**12)
+    local = FakeClock(adapter.now + OFFSET)
+    server, backend = adapters.start("c1", adapter)
+    port = server.port
+    obs = observations({"c1": addr(server)}, local)
+    wait_for(lambda: obs.batches_received == 1, what="the first batch")
+    backend.queue.append(Observations(adapter.now, (), (InstanceReport("i1", "warmed", adapter.now),)))
+    pumped(obs, server)
+    old_stream = server.hub.stream_id
+    assert [r.event for r in obs.gather(local.now).reports] == ["warmed"]
+    server.stop(0.1)
+    wait_for(lambda: not obs.connected["c1"], what="the client to notice the adapter is gone")
+
+    restarted, backend2 = adapters.start("c1", adapter, address=f"127.0.0.1:{port}")
+    assert restarted.hub.stream_id != old_stream
+    # The restarted adapter's ring starts again at seq 1: the client must take it from the start,
+    # although it had already seen seq 2 of the old stream.
+    wait_for(lambda: obs.connected["c1"] and obs.batches_received >= 3, what="the reconnection")
+    adapter.now += 250
+    local.now += 250
+    backend2.queue.append(Observations(adapter.now, (sample("i2", adapter.now),),
+                                       (InstanceReport("i2", "start_warmup", adapter.now),)))
+    pumped(obs, restarted)
+    got = obs.gather(local.now)
+    assert [(r.instance_id, r.event) for r in got.reports] == [("i2", "start_warmup")]
+    assert "i2" in [s.instance_id for s in got.samples]
+
+
+def test_a_broken_stream_resumes_after_the_last_batch_without_duplicates(adapters, observations) -> None:
+    adapter = FakeClock(5 * 10**12)
+    local = FakeClock(adapter.now + OFFSET)
+    server, backend = adapters.start("c1", adapter)
+    obs = observations({"c1": addr(server)}, local)
+    wait_for(lambda: obs.batches_received == 1, what="the first batch")
+    backend.queue.append(Observations(adapter.now, (), (InstanceReport("i1", "warmed", adapter.now),)))
+    pumped(obs, server)
+    assert [r.instance_id for r in obs.gather(local.now).reports] == ["i1"]
+    with obs._lock:
+        broken = obs._calls["c1"]
+    broken.cancel()  # the stream breaks (as on a network blip); the adapter keeps its ring
+    wait_for(lambda: not obs.connected["c1"], what="the client to notice")
+    wait_for(lambda: obs._calls["c1"] is not broken, what="the client to reconnect")
+    before = obs.batches_received
+    backend.queue.append(Observations(adapter.now, (), (InstanceReport("i2", "warmed", adapter.now),)))
+    server.hub.pump()
+    wait_for(lambda: obs.batches_received > before, what="the next batch")
+    assert [r.instance_id for r in obs.gather(local.now).reports] == ["i2"]  # i1 not delivered again
+    assert obs.batches_received == before + 1 == 3
+
+
+def test_recent_returns_mapped_observations_oldest_first_and_skips_unreachable_adapters(adapters, observations) -> None:
+    a1, a2 = FakeClock(6 * 10**12), FakeClock(6 * 10**12)
+    s1, b1 = adapters.start("c1", a1)  # first batch at T
+    s2, b2 = adapters.start("c2", a2)
+    T = a1.now
+    for k in range(1, 4):  # c1 at T+1000, T+2000, T+3000; c2 at T+1500, T+2500, T+3500
+        a1.now = T + 1000 * k
+        b1.queue.append(Observations(a1.now, (sample("c1-i", a1.now),)))
+        s1.hub.pump()
+        a2.now = T + 1000 * k + 500
+        b2.queue.append(Observations(a2.now, (sample("c2-i", a2.now),)))
+        s2.hub.pump()
+    a1.now = a2.now = T + 4000
+    local = FakeClock(T + 4000 + OFFSET)
+    obs = observations({"c1": addr(s1), "c2": addr(s2), "c3": "127.0.0.1:1"}, local, start=False)
+    started = time.monotonic()
+    got = obs.recent(T + 1800 + OFFSET)
+    assert time.monotonic() - started < 2.0  # the unreachable adapter is skipped, not waited for long
+    assert [o.at_ms - OFFSET - T for o in got] == [2000, 2500, 3000, 3500]
+    assert [[s.instance_id for s in o.samples] for o in got] == [["c1-i"], ["c2-i"], ["c1-i"], ["c2-i"]]
+    assert all(s.at_ms == o.at_ms for o in got for s in o.samples)
+    assert len(obs.recent(T + OFFSET)) == 8  # both rings, including the thread's first batches
+
+
+def test_close_returns_promptly(adapters, observations) -> None:
+    adapter = FakeClock(10**12)
+    server, _ = adapters.start("c1", adapter)
+    obs = RemoteObservations({"c1": addr(server), "c9": "127.0.0.1:1"}, FakeClock(0), reconnect_max_s=0.2)
+    obs.start()
+    wait_for(lambda: obs.batches_received == 1, what="the first batch")
+    started = time.monotonic()
+    obs.close()
+    assert time.monotonic() - started < 2.0
+    assert not any(t.is_alive() for t in obs._threads)

@@ -1,0 +1,194 @@
+"""The adapter's configuration file: what loads, what is refused (naming file and field), and the
+``controlplane adapter`` command's refusal of a bad configuration (one line on stderr, exit code 2)."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import ValidationError as PydanticValidationError
+
+from adapters.config import AdapterConfig, build_backend, load_adapter_config
+from adapters.service import RecordingBackend
+from adapters.simulated import SimulatedBackend
+from controlplane.config import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+
+SIMULATED: dict[str, Any] = {
+    "cluster_id": "eu-west-1a",
+    "listen": "127.0.0.1:7001",
+    "state_dir": "state",
+    "observe_interval_ms": 100,
+    "ring_s": 60,
+    "backend": "simulated",
+    "simulated": {
+        "seed": 7,
+        "deployments": [
+            {"deployment": "chat", "model": "llama3-8b-h100", "cold_start_ms": 5_000, "warm_start_ms": 500,
+             "load": [{"at_s": 0, "rps": 2}, {"at_s": 30, "rps": 40}, {"at_s": 60, "rps": 0}], "max_queue_ms": 10_000},
+            {"deployment": "code", "model": "llama3-70b-h100x4"},
+        ],
+    },
+}
+RECORDING: dict[str, Any] = {
+    "cluster_id": "c1", "listen": "0.0.0.0:7002", "state_dir": "/var/lib/adapter", "backend": "recording",
+    "recording": {"path": "records/c1.jsonl"},
+}
+
+
+def write(tmp_path: Path, data: Any, name: str = "adapter.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else yaml.safe_dump(data), encoding="utf-8")
+    return path
+
+
+def refused(tmp_path: Path, data: Any, where: str = "") -> ConfigError:
+    path = write(tmp_path, data)
+    with pytest.raises(ConfigError) as err:
+        load_adapter_config(path)
+    assert str(err.value).startswith(f"{path}{where}: ")
+    assert "\n" not in str(err.value)
+    assert err.value.file == str(path)
+    return err.value
+
+
+def test_a_simulated_configuration_loads(tmp_path: Path) -> None:
+    cfg = load_adapter_config(write(tmp_path, SIMULATED))
+    assert (cfg.cluster_id, cfg.listen, cfg.observe_interval_ms, cfg.ring_s, cfg.backend) == (
+        "eu-west-1a", "127.0.0.1:7001", 100, 60.0, "simulated")
+    assert cfg.simulated is not None and cfg.simulated.seed == 7
+    chat, code = cfg.simulated.deployments
+    assert [s.rps for s in chat.load] == [2, 40, 0]
+    assert (chat.profile().cold_start_ms, chat.profile().warm_start_ms) == (5_000, 500)
+    assert code.profile().cold_start_ms == 90_000  # the model profile's own
+    assert (code.prompt_tokens, code.output_tokens, code.max_queue_ms) == (512, 128, 30_000)
+
+
+def test_defaults(tmp_path: Path) -> None:
+    data = {k: v for k, v in SIMULATED.items() if k not in ("observe_interval_ms", "ring_s")}
+    cfg = load_adapter_config(write(tmp_path, data))
+    assert (cfg.observe_interval_ms, cfg.ring_s) == (250, 120.0)
+
+
+def test_relative_paths_resolve_against_the_configuration_folder(tmp_path: Path, monkeypatch) -> None:
+    folder = tmp_path / "etc" / "adapter"
+    folder.mkdir(parents=True)
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    sim = load_adapter_config(write(folder, SIMULATED))
+    assert sim.state_dir == folder / "state"
+    rec = load_adapter_config(write(folder, RECORDING, "rec.yaml"))
+    assert rec.recording is not None and rec.recording.path == folder / "records" / "c1.jsonl"
+    assert rec.state_dir == Path("/var/lib/adapter")  # absolute paths stay as they are
+    absolute = copy.deepcopy(RECORDING)
+    absolute["recording"]["path"] = str(tmp_path / "abs.jsonl")
+    assert load_adapter_config(write(folder, absolute, "abs.yaml")).recording.path == tmp_path / "abs.jsonl"
+
+
+def test_build_backend(tmp_path: Path) -> None:
+    sim = build_backend(load_adapter_config(write(tmp_path, SIMULATED)))
+    assert isinstance(sim, SimulatedBackend) and sim.cluster_id == "eu-west-1a"
+    assert sorted(sim.statistics()) == ["chat", "code"]
+    rec = build_backend(load_adapter_config(write(tmp_path, RECORDING, "rec.yaml")))
+    assert isinstance(rec, RecordingBackend)
+    assert (tmp_path / "records").is_dir()  # the record's folder is created
+
+
+def mutated(base: dict[str, Any], change) -> dict[str, Any]:
+    data = copy.deepcopy(base)
+    change(data)
+    return data
+
+
+@pytest.mark.parametrize("change, field, problem", [
+    (lambda d: d.update(backend="docker"), "backend", "'kubernetes', 'simulated' or 'recording'"),
+    (lambda d: d.pop("simulated"), "simulated", "required when backend is 'simulated'"),
+    (lambda d: d.update(backend="recording"), "recording", "required when backend is 'recording'"),
+    (lambda d: d["simulated"]["deployments"][1].update(model="gpt-9"), "simulated.deployments[1].model",
+     "unknown model profile 'gpt-9'"),
+    (lambda d: d["simulated"]["deployments"][0]["load"][2].update(at_s=30), "simulated.deployments[0].load",
+     "strictly increasing"),
+    (lambda d: d["simulated"]["deployments"][0].update(load=[]), "simulated.deployments[0].load", "at least one step"),
+    (lambda d: d["simulated"]["deployments"][1].update(deployment="chat"), "simulated",
+     "deployments: duplicate deployment 'chat'"),
+    (lambda d: d.update(listen="localhost"), "listen", "not 'host:port'"),
+    (lambda d: d.update(listen="127.0.0.1:99999"), "listen", "port"),
+    (lambda d: d.update(colour="blue"), "colour", "unknown field"),
+    (lambda d: d["simulated"].update(speed=2), "simulated.speed", "unknown field"),
+    (lambda d: d.update(cluster_id="Not An Id"), "cluster_id", "not a valid id"),
+    (lambda d: d.update(observe_interval_ms=0), "observe_interval_ms", "greater than or equal to 10"),
+    (lambda d: d.pop("state_dir"), "state_dir", "required"),
+    (lambda d: d["simulated"]["deployments"][0]["load"][0].update(rps=-1), "simulated.deployments[0].load[0].rps",
+     "greater than or equal to 0"),
+])
+def test_errors_name_the_field(tmp_path: Path, change, field: str, problem: str) -> None:
+    err = refused(tmp_path, mutated(SIMULATED, change))
+    assert err.field == field
+    assert str(err).startswith(f"{tmp_path / 'adapter.yaml'}: {field}: ")
+    assert problem in str(err)
+    assert "\n" not in str(err)
+
+
+def test_invalid_yaml_empty_file_and_wrong_top_level(tmp_path: Path) -> None:
+    err = refused(tmp_path, "cluster_id: c1\nlisten: [unclosed\nring_s: 5\n", where=":3")  # where PyYAML finds the problem
+    assert "not valid YAML" in str(err)
+    assert "top level must be a mapping" in str(refused(tmp_path, "- a\n- b\n"))
+    assert "top level must be a mapping" in str(refused(tmp_path, ""))
+
+
+def test_a_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "nowhere.yaml"
+    with pytest.raises(ConfigError, match="cannot read the configuration") as err:
+        load_adapter_config(path)
+    assert str(err.value).startswith(f"{path}: ")
+
+
+def test_the_model_is_frozen(tmp_path: Path) -> None:
+    cfg = load_adapter_config(write(tmp_path, SIMULATED))
+    with pytest.raises(PydanticValidationError):
+        cfg.listen = "0.0.0.0:1"  # type: ignore[misc]
+    assert isinstance(cfg, AdapterConfig)
+
+
+# --- the CLI ------------------------------------------------------------------------------------------
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "controlplane.cli.main", "adapter", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def assert_one_line_refusal(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("controlplane: error: ")
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def test_cli_refuses_a_bad_configuration_with_one_line(tmp_path: Path) -> None:
+    path = write(tmp_path, mutated(SIMULATED, lambda d: d["simulated"]["deployments"][1].update(model="gpt-9")),
+                 "bad.yaml")
+    assert_one_line_refusal(run_cli("--config", str(path), cwd=tmp_path), "bad.yaml: simulated.deployments[1].model:")
+    assert not (tmp_path / "state").exists()  # refused before anything started
+
+
+def test_cli_refuses_config_mixed_with_cluster(tmp_path: Path) -> None:
+    path = write(tmp_path, SIMULATED)
+    assert_one_line_refusal(run_cli("--config", str(path), "--cluster", "c1", cwd=tmp_path), "--cluster", "--config")
+
+
+def test_cli_reports_invalid_yaml_on_one_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "cluster_id: c1\nlisten: [unclosed\n", "bad.yaml")
+    assert_one_line_refusal(run_cli("--config", str(path), cwd=tmp_path), "bad.yaml:", "not valid YAML")
