@@ -23,13 +23,12 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic import ValidationError as PydanticValidationError
 
 from adapters.backend import Backend
 from adapters.simulated import SimulatedConfig
-from controlplane.config import ConfigError, check_address, check_id, first_problem, yaml_problem
+from controlplane.config import ConfigError, check_address, check_id, first_problem, read_yaml_mapping
 
 
 class RecordingConfig(BaseModel):
@@ -63,14 +62,7 @@ class AdapterConfig(BaseModel):
 
 def load_adapter_config(path: str | os.PathLike[str]) -> AdapterConfig:
     p = Path(path)
-    try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read the configuration: {exc.strerror or exc}", file=str(p)) from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(yaml_problem(p, exc), file=str(p)) from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{p}: the top level must be a mapping, got {type(raw).__name__}", file=str(p))
+    raw = read_yaml_mapping(p)
     if isinstance(raw.get("state_dir"), str) and not Path(raw["state_dir"]).is_absolute():
         raw["state_dir"] = str(p.parent / raw["state_dir"])
     rec = raw.get("recording")

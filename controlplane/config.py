@@ -69,6 +69,21 @@ class ConfigError(PermanentError):
         self.field = field
 
 
+def read_yaml_mapping(p: Path) -> dict[str, Any]:
+    """The YAML mapping in ``p`` (an empty file is an empty mapping), or :class:`ConfigError`."""
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read the configuration: {exc.strerror or exc}", file=str(p)) from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(yaml_problem(p, exc), file=str(p)) from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping, got {type(raw).__name__}", file=str(p))
+    return raw
+
+
 def yaml_problem(path: Path, exc: yaml.YAMLError) -> str:
     """``FILE:LINE: not valid YAML: PROBLEM`` on one line (PyYAML's own message spans several)."""
     mark = getattr(exc, "problem_mark", None)
@@ -391,16 +406,7 @@ def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = No
     """Read ``path`` (YAML mapping), apply env overrides, validate. Raises :class:`ConfigError`."""
     p = Path(path)
     env = os.environ if env is None else env
-    try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read the configuration: {exc.strerror or exc}", file=str(p)) from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(yaml_problem(p, exc), file=str(p)) from None
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{p}: the top level must be a mapping, got {type(raw).__name__}", file=str(p))
+    raw = read_yaml_mapping(p)
     try:
         data = {**raw, **env_overrides(env)}
     except ConfigError as exc:

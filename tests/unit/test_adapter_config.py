@@ -141,7 +141,7 @@ def test_invalid_yaml_empty_file_and_wrong_top_level(tmp_path: Path) -> None:
     err = refused(tmp_path, "cluster_id: c1\nlisten: [unclosed\nring_s: 5\n", where=":3")  # where PyYAML finds the problem
     assert "not valid YAML" in str(err)
     assert "top level must be a mapping" in str(refused(tmp_path, "- a\n- b\n"))
-    assert "top level must be a mapping" in str(refused(tmp_path, ""))
+    assert "cluster_id: required" in str(refused(tmp_path, ""))  # an empty file is an empty mapping
 
 
 def test_a_missing_file(tmp_path: Path) -> None:
@@ -192,3 +192,22 @@ def test_cli_refuses_config_mixed_with_cluster(tmp_path: Path) -> None:
 def test_cli_reports_invalid_yaml_on_one_line(tmp_path: Path) -> None:
     path = write(tmp_path, "cluster_id: c1\nlisten: [unclosed\n", "bad.yaml")
     assert_one_line_refusal(run_cli("--config", str(path), cwd=tmp_path), "bad.yaml:", "not valid YAML")
+
+
+def test_a_kubernetes_section_is_validated_by_the_backend_s_own_model(tmp_path: Path) -> None:
+    """The kubernetes section is checked by ``adapters.kubernetes.KubernetesConfig`` at load time, and
+    its errors carry the ``kubernetes.`` prefix; a valid one builds without touching a cluster."""
+    from adapters.config import load_adapter_config
+    from controlplane.config import ConfigError
+
+    good = {"cluster_id": "c1", "listen": "127.0.0.1:7001", "state_dir": "s", "backend": "kubernetes",
+            "kubernetes": {"workloads": [{"deployment": "chat", "namespace": "serving", "kind": "Deployment",
+                                          "name": "chat-vllm", "engine": "vllm", "port": 8000}]}}
+    path = tmp_path / "k8s.yaml"
+    path.write_text(yaml.safe_dump(good))
+    assert load_adapter_config(path).backend == "kubernetes"
+    bad = dict(good, kubernetes={"workloads": [dict(good["kubernetes"]["workloads"][0], kind="DaemonSet")]})
+    path.write_text(yaml.safe_dump(bad))
+    with pytest.raises(ConfigError) as err:
+        load_adapter_config(path)
+    assert str(err.value).startswith(f"{path}: kubernetes.workloads[0].kind: ")
