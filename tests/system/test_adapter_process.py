@@ -118,3 +118,70 @@ def test_a_bad_adapter_configuration_is_one_line_naming_the_field(tmp_path: Path
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
     assert out.stderr.strip() == f"controlplane: error: {path}: {expected}"
+
+
+def test_two_adapter_processes_racing_on_one_kubernetes_cluster_cannot_apply_a_stale_scale(tmp_path: Path) -> None:
+    """Two `controlplane adapter` processes with the Kubernetes backend share one (fake) API server,
+    as two adapters for one cluster would after a botched rollout. Each passes its own local epoch
+    guard; only the fence annotation, written with a resourceVersion precondition, decides. In every
+    round the newer epoch's scale is the final state, and the older epoch is refused (StaleEpoch from
+    the cluster's annotation, with the stale-epoch metadata) whenever it comes second."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.fakes.kube_apiserver import FakeKubeApiServer
+
+    fake = FakeKubeApiServer(seed=5).start()
+    fake.add_workload("Deployment", "serving", "chat-vllm")
+    fake.auto_reconcile = False  # no pods: this test is about the replicas write
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+        "clusters": [{"name": "fake", "cluster": {"server": fake.host}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "adapter"}}],
+        "users": [{"name": "adapter", "user": {"token": "test"}}],
+    }))
+    ports = free_ports(2)
+    procs, clients = [], []
+    try:
+        for name, port in zip("ab", ports):
+            config = tmp_path / f"adapter-{name}.yaml"
+            config.write_text(yaml.safe_dump({
+                "cluster_id": "gpu-a1", "listen": f"127.0.0.1:{port}", "state_dir": f"state-{name}", "nvml": False,
+                "backend": "kubernetes",
+                "kubernetes": {"kubeconfig": str(kubeconfig), "conflict_backoff_ms": 1, "conflict_backoff_cap_ms": 8,
+                               "workloads": [{"deployment": "chat", "namespace": "serving", "kind": "Deployment",
+                                              "name": "chat-vllm", "engine": "vllm", "port": 8000}]},
+            }))
+            procs.append(start_adapter(config, tmp_path / f"adapter-{name}.log"))
+            clients.append(RemoteAdapter({"gpu-a1": f"127.0.0.1:{port}"}, deadline_s=10.0))
+        for proc, port in zip(procs, ports):
+            wait_serving(f"127.0.0.1:{port}", proc)
+        old_client, new_client = clients
+        with ThreadPoolExecutor(2) as pool:
+            for r in range(6):
+                old, new = 2 * r + 4, 2 * r + 5
+
+                def attempt(client: RemoteAdapter, epoch: int, replicas: int) -> BaseException | None:
+                    try:
+                        client.scale("gpu-a1", f"s{epoch}", "chat", replicas, [], Fence(epoch, 1, f"coord-{epoch}"))
+                        return None
+                    except BaseException as exc:  # noqa: BLE001 - the outcome is the assertion
+                        return exc
+
+                older = pool.submit(attempt, old_client, old, 10 + r)
+                newer = pool.submit(attempt, new_client, new, 50 + r)
+                assert newer.result(30) is None
+                assert older.result(30) is None or isinstance(older.result(), StaleEpoch), older.result()
+                workload = fake.get("deployments", "serving", "chat-vllm")
+                assert workload["metadata"]["annotations"]["controlplane.io/fence-epoch"] == str(new)
+                assert workload["spec"]["replicas"] == 50 + r
+                with pytest.raises(StaleEpoch) as late:  # the older adapter's own guard knows only `old`
+                    old_client.scale("gpu-a1", f"late{old}", "chat", 1, [], Fence(old, 2, f"coord-{old}"))
+                assert (late.value.got, late.value.highest) == (old, new)
+                assert fake.get("deployments", "serving", "chat-vllm")["spec"]["replicas"] == 50 + r
+    finally:
+        for proc in procs:
+            stop(proc)
+        for client in clients:
+            client.close()
+        fake.stop()
