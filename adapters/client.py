@@ -171,12 +171,17 @@ class RemoteObservations:
     def _follow(self, cid: str) -> None:
         after, stream_id, backoff = 0, "", 0.1
         while not self._stop.is_set():
+            if not self._read_clock(cid):
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, self._reconnect_max_s)
+                continue
             call = self._stubs[cid].Observe(adapter_pb2.ObserveRequest(cluster_id=cid, after_seq=after, stream_id=stream_id))
             with self._lock:
                 self._calls[cid] = call
             if self._stop.is_set():  # close() ran between the loop check and the call: it missed this one
                 call.cancel()
                 return
+            reason = "stream ended (adapter stopping)"
             try:
                 for batch in call:
                     if not self.connected[cid]:
@@ -187,11 +192,25 @@ class RemoteObservations:
             except grpc.RpcError as exc:
                 if self._stop.is_set():
                     return
-                if self.connected[cid]:
-                    log.warning("observe_disconnected", cluster=cid, code=exc.code().name, detail=exc.details())
-                self.connected[cid] = False
+                reason = f"{exc.code().name}: {exc.details()}"
+            if self.connected[cid]:
+                log.warning("observe_disconnected", cluster=cid, reason=reason)
+            self.connected[cid] = False
             self._stop.wait(backoff)
             backoff = min(backoff * 2, self._reconnect_max_s)
+
+    def _read_clock(self, cid: str) -> bool:
+        """Read the adapter's clock (an empty ``Recent``) before each (re)connect. A stream starts
+        with the ring buffer's old batches, whose ``receive - at`` differences are as large as
+        their age: mapped with those alone, a two-minute-old report would look fresh and pass the
+        stale-report check in ``facts``. False when the adapter does not answer."""
+        try:
+            reply = self._stubs[cid].Recent(adapter_pb2.RecentRequest(cluster_id=cid, max_age_ms=0),
+                                            timeout=RECENT_DEADLINE_S)
+        except grpc.RpcError:
+            return False
+        self._clocks[cid].observe(reply.now_ms, self._clock_ms())
+        return True
 
     def _receive(self, cid: str, batch: adapter_pb2.ObservationBatch) -> None:
         clock = self._clocks[cid]

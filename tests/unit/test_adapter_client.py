@@ -3,7 +3,7 @@
 
 Every adapter here runs ``serve_adapter`` with a one-minute observe interval: its hub thread pumps
 once at start, and the test pumps every further batch itself (``server.hub.pump()``). Waiting for a
-batch to cross the real gRPC stream is a bounded poll (:func:`wait_for`), never a fixed sleep.
+batch to cross the real gRPC stream is a bounded poll (:func:`tests.support.waiting.wait_until`), never a fixed sleep.
 """
 
 from __future__ import annotations
@@ -17,12 +17,14 @@ from pathlib import Path
 import pytest
 
 from adapters.client import SAMPLE_MAX_AGE_MS, ClockMap, RemoteObservations
-from adapters.service import AdapterServer, serve_adapter, wall_ms
+from adapters.service import AdapterServer, serve_adapter
 from controlplane.domain.observations import (
     InstanceReport,
     InstanceSample,
     Observations,
 )
+from controlplane.runtime.clock import wall_ms
+from tests.support.waiting import wait_until
 
 OFFSET = -10**12
 """The coordinator's clock runs this far behind the adapters' clocks."""
@@ -61,14 +63,6 @@ class QueueBackend:
         pass
 
 
-def wait_for(cond: Callable[[], bool], timeout_s: float = 5.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.005)
-
-
 def sample(iid: str, at_ms: int, running: int = 2, dep: str = "d1") -> InstanceSample:
     return InstanceSample(iid, dep, at_ms, running, 1, 0.25, 100.0, 200.0, 55.0, 1, 2, True)
 
@@ -88,7 +82,7 @@ class Adapters:
         self.servers.append(server)
         hub = server.hub
         assert hub is not None
-        wait_for(lambda: len(hub.after(0, timeout_s=0)) == 1, what="the hub thread's first pump")
+        wait_until(lambda: len(hub.after(0, timeout_s=0)) == 1, what="the hub thread's first pump")
         return server, backend
 
     def stop_all(self) -> None:
@@ -132,7 +126,7 @@ def pumped(obs: RemoteObservations, server: AdapterServer, local: FakeClock | No
         local.now = local_now
     before = obs.batches_received
     server.hub.pump()
-    wait_for(lambda: obs.batches_received == before + 1, what="the batch to arrive")
+    wait_until(lambda: obs.batches_received == before + 1, what="the batch to arrive")
 
 
 # --- ClockMap ------------------------------------------------------------------------------------------
@@ -167,7 +161,7 @@ def test_sample_times_are_mapped_onto_the_local_clock_never_after_receipt(adapte
         return now
 
     obs = observations({"c1": addr(server)}, local)
-    wait_for(lambda: obs.batches_received == 1, what="the first batch")
+    wait_until(lambda: obs.batches_received == 1, what="the first batch")
     for _ in range(3):
         backend.queue.append(lambda now: Observations(now, (sample("i1", now),)))
         pumped(obs, server)
@@ -185,7 +179,7 @@ def test_offset_uses_the_fastest_recent_batch(adapters, observations) -> None:
     local = FakeClock(adapter.now + OFFSET + 5)  # the first batch arrives 5 ms "late"
     server, backend = adapters.start("c1", adapter)
     obs = observations({"c1": addr(server)}, local)
-    wait_for(lambda: obs.batches_received == 1, what="the first batch")
+    wait_until(lambda: obs.batches_received == 1, what="the first batch")
     adapter.now += 1_000
     backend.queue.append(Observations(adapter.now, (sample("i1", adapter.now),),
                                       (InstanceReport("i1", "warmed", adapter.now - 100),)))
@@ -202,7 +196,7 @@ def test_the_newest_sample_is_held_between_batches_then_dropped_when_old(adapter
     local = FakeClock(adapter.now + OFFSET)
     server, backend = adapters.start("c1", adapter)
     obs = observations({"c1": addr(server)}, local)
-    wait_for(lambda: obs.batches_received == 1, what="the first batch")
+    wait_until(lambda: obs.batches_received == 1, what="the first batch")
     adapter.now += 250
     backend.queue.append(Observations(adapter.now, (sample("i1", adapter.now, running=1), sample("i2", adapter.now))))
     pumped(obs, server, local, adapter.now + OFFSET)
@@ -226,7 +220,7 @@ def test_reports_are_returned_by_exactly_one_gather(adapters, observations) -> N
     local = FakeClock(adapter.now + OFFSET)
     server, backend = adapters.start("c1", adapter)
     obs = observations({"c1": addr(server)}, local)
-    wait_for(lambda: obs.batches_received == 1, what="the first batch")
+    wait_until(lambda: obs.batches_received == 1, what="the first batch")
     adapter.now += 250
     backend.queue.append(Observations(adapter.now, (), (InstanceReport("i1", "start_warmup", adapter.now - 10),
                                                         InstanceReport("i2", "lost", adapter.now - 5, "node gone"))))
@@ -249,7 +243,7 @@ def test_gateway_queues_sum_across_clusters_and_follow_the_newest_batch(adapters
     s1, b1 = adapters.start("c1", a1)
     s2, b2 = adapters.start("c2", a2)
     obs = observations({"c1": addr(s1), "c2": addr(s2)}, local)
-    wait_for(lambda: obs.batches_received == 2, what="both first batches")
+    wait_until(lambda: obs.batches_received == 2, what="both first batches")
     b1.queue.append(Observations(a1.now, (), (), (("d1", 3), ("d2", 1))))
     pumped(obs, s1)
     b2.queue.append(Observations(a2.now, (), (), (("d1", 4),)))
@@ -269,19 +263,19 @@ def test_the_client_reconnects_to_a_restarted_adapter(adapters, observations, tm
     server, backend = adapters.start("c1", adapter)
     port = server.port
     obs = observations({"c1": addr(server)}, local)
-    wait_for(lambda: obs.batches_received == 1, what="the first batch")
+    wait_until(lambda: obs.batches_received == 1, what="the first batch")
     backend.queue.append(Observations(adapter.now, (), (InstanceReport("i1", "warmed", adapter.now),)))
     pumped(obs, server)
     old_stream = server.hub.stream_id
     assert [r.event for r in obs.gather(local.now).reports] == ["warmed"]
     server.stop(0.1)
-    wait_for(lambda: not obs.connected["c1"], what="the client to notice the adapter is gone")
+    wait_until(lambda: not obs.connected["c1"], what="the client to notice the adapter is gone")
 
     restarted, backend2 = adapters.start("c1", adapter, address=f"127.0.0.1:{port}")
     assert restarted.hub.stream_id != old_stream
     # The restarted adapter's ring starts again at seq 1: the client must take it from the start,
     # although it had already seen seq 2 of the old stream.
-    wait_for(lambda: obs.connected["c1"] and obs.batches_received >= 3, what="the reconnection")
+    wait_until(lambda: obs.connected["c1"] and obs.batches_received >= 3, what="the reconnection")
     adapter.now += 250
     local.now += 250
     backend2.queue.append(Observations(adapter.now, (sample("i2", adapter.now),),
@@ -297,19 +291,19 @@ def test_a_broken_stream_resumes_after_the_last_batch_without_duplicates(adapter
     local = FakeClock(adapter.now + OFFSET)
     server, backend = adapters.start("c1", adapter)
     obs = observations({"c1": addr(server)}, local)
-    wait_for(lambda: obs.batches_received == 1, what="the first batch")
+    wait_until(lambda: obs.batches_received == 1, what="the first batch")
     backend.queue.append(Observations(adapter.now, (), (InstanceReport("i1", "warmed", adapter.now),)))
     pumped(obs, server)
     assert [r.instance_id for r in obs.gather(local.now).reports] == ["i1"]
     with obs._lock:
         broken = obs._calls["c1"]
     broken.cancel()  # the stream breaks (as on a network blip); the adapter keeps its ring
-    wait_for(lambda: not obs.connected["c1"], what="the client to notice")
-    wait_for(lambda: obs._calls["c1"] is not broken, what="the client to reconnect")
+    wait_until(lambda: not obs.connected["c1"], what="the client to notice")
+    wait_until(lambda: obs._calls["c1"] is not broken, what="the client to reconnect")
     before = obs.batches_received
     backend.queue.append(Observations(adapter.now, (), (InstanceReport("i2", "warmed", adapter.now),)))
     server.hub.pump()
-    wait_for(lambda: obs.batches_received > before, what="the next batch")
+    wait_until(lambda: obs.batches_received > before, what="the next batch")
     assert [r.instance_id for r in obs.gather(local.now).reports] == ["i2"]  # i1 not delivered again
     assert obs.batches_received == before + 1 == 3
 
@@ -343,8 +337,25 @@ def test_close_returns_promptly(adapters, observations) -> None:
     server, _ = adapters.start("c1", adapter)
     obs = RemoteObservations({"c1": addr(server), "c9": "127.0.0.1:1"}, FakeClock(0), reconnect_max_s=0.2)
     obs.start()
-    wait_for(lambda: obs.batches_received == 1, what="the first batch")
+    wait_until(lambda: obs.batches_received == 1, what="the first batch")
     started = time.monotonic()
     obs.close()
     assert time.monotonic() - started < 2.0
     assert not any(t.is_alive() for t in obs._threads)
+
+
+def test_ring_buffer_batches_sent_at_connect_keep_their_age(adapters, observations) -> None:
+    """A coordinator that (re)connects first receives the adapter's ring buffer. A report from a
+    minute ago must be mapped a minute into the past, not to the moment it arrived: otherwise it
+    would pass ``facts``' "older than the instance's state" check as if it had just happened."""
+    adapter = FakeClock(6 * 10**12)
+    server, backend = adapters.start("c1", adapter)  # the hub's first pump, at t0
+    old_at = adapter.now - 60_000
+    backend.queue.append(Observations(adapter.now, (), (InstanceReport("i1", "warmed", old_at),)))
+    server.hub.pump()  # in the ring before any coordinator connects
+    adapter.now += 60_000  # a minute later, a coordinator connects
+    local = FakeClock(adapter.now + OFFSET)
+    obs = observations({"c1": addr(server)}, local)
+    wait_until(lambda: obs.batches_received == 2, what="the ring buffer")
+    got = obs.gather(local.now)
+    assert [(r.instance_id, r.at_ms) for r in got.reports] == [("i1", old_at + OFFSET)]
