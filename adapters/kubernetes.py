@@ -73,6 +73,7 @@ from controlplane.domain.observations import (
     InstanceSample,
     Observations,
 )
+from controlplane.runtime.clock import wall_ms
 from raft.lease import check_fence
 
 __all__ = [
@@ -327,7 +328,7 @@ class KubernetesBackend:
     def __init__(self, config: KubernetesConfig, api_client: k8s.ApiClient, *,
                  driver_factory: DriverFactory | None = None, rng: random.Random | None = None,
                  sleep_s: Callable[[float], None] = time.sleep,
-                 clock_ms: Callable[[], int] = lambda: int(time.time() * 1000)) -> None:
+                 clock_ms: Callable[[], int] = wall_ms) -> None:
         self.config = config
         self._api = api_client
         self._apps = k8s.AppsV1Api(api_client)

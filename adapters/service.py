@@ -52,6 +52,7 @@ from controlplane.domain.errors import (
     ValidationError,
 )
 from controlplane.domain.observations import Observations
+from controlplane.runtime.clock import wall_ms
 from raft.lease import check_fence
 
 log = structlog.get_logger("adapters.service")
@@ -62,10 +63,6 @@ MAX_STREAMS = 16
 """Open Observe streams per adapter (each holds a server thread); more get RESOURCE_EXHAUSTED."""
 STALE_EPOCH_METADATA = ("cp-error", "stale-epoch")
 SERVICE_NAME = adapter_pb2.DESCRIPTOR.services_by_name["ClusterAdapter"].full_name
-
-
-def wall_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class FencingGuard:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import heapq
 import random
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -31,6 +30,7 @@ from controlplane.domain.errors import NotFound
 from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId
 from controlplane.domain.observations import Observations
 from controlplane.domain.profiles import PROFILES, ModelProfile
+from controlplane.runtime.clock import wall_ms
 from controlplane.sim.cluster import COMPLETE, DRAIN_DEADLINE, WARM_DONE, SimFleet, SimRequest
 from controlplane.sim.workload import lognormal_int
 
@@ -122,7 +122,7 @@ class SimulatedBackend:
 
     def __init__(self, cluster_id: str, config: SimulatedConfig, clock_ms: Callable[[], int] | None = None) -> None:
         self.cluster_id = ClusterId(cluster_id)
-        self._clock_ms = clock_ms or (lambda: time.time_ns() // 1_000_000)
+        self._clock_ms = clock_ms or wall_ms
         self._cfg = {DeploymentId(d.deployment): d for d in config.deployments}
         self._lock = threading.RLock()
         self._rng = random.Random(config.seed)

@@ -24,6 +24,7 @@ from controlplane.domain import commands as c
 from controlplane.domain.errors import ControlPlaneError, TemporaryError
 from controlplane.domain.tenants import Deployment, Tenant
 from controlplane.domain.topology import Cluster
+from controlplane.runtime.clock import wall_ms
 from controlplane.runtime.lease_guard import LeaseGuard
 from controlplane.runtime.loop import ControlLoop
 from controlplane.runtime.transitions import TransitionRecorder
@@ -43,15 +44,6 @@ class Topology:
     adapters: Mapping[str, str] | None = None
     tenants: tuple[Tenant, ...] = ()
     deployments: tuple[Deployment, ...] = ()
-
-
-def wall_ms() -> int:
-    """The control loop's clock: milliseconds since the Unix epoch. Everything the loop stamps into
-    the replicated state (``at_ms``, ``state_since_ms``, breaker and scale-memory times) is read back
-    by whichever member leads next, possibly on another machine, so it must be a clock the members
-    share (NTP-synchronised wall time, error ~ms). A monotonic clock starts at each machine's boot
-    and would make timeouts fire at once, or never, after a failover."""
-    return time.time_ns() // 1_000_000
 
 
 class Coordinator:
