@@ -8,7 +8,7 @@ import json
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pydantic
@@ -32,21 +32,11 @@ from adapters.vllm import VllmDriver
 from controlplane.domain.errors import StaleEpoch, Unavailable
 from tests.fakes.kube_apiserver import FakeKubeApiServer
 from tests.fakes.vllm_server import FakeVllmServer
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 NS = "serving"
 DEP = "chat"
-
-
-def wait_until(condition: Callable[[], Any], timeout_s: float = 5.0) -> Any:
-    """Poll ``condition`` (real threads: the watch) until it is truthy; fail after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise AssertionError("condition not reached in time")
 
 
 class EngineFarm:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -56,17 +55,6 @@ def cluster_configs(base: Path, n: int, extra: int = 0, **overrides: Any) -> lis
             "password": PASSWORD, **TEST_TIMINGS, **overrides,
         })
     return out
-
-
-def wait_until(fn: Callable[[], T], timeout_s: float, what: str, interval_s: float = 0.02) -> T:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(interval_s)
 
 
 def breaker_write(i: int) -> c.Command:

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from tests.raft.cluster import wait_until
+from tests.support.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 30.0

@@ -23,7 +23,8 @@ from raft.fsm import ControlFsm, read_snapshot_file, write_snapshot_file
 from raft.lease import LeaseRecord
 from raft.node import DurableJournal, RaftNode, _wrap_journal, failure_error
 from raft.replicator import RaftReplicator
-from tests.raft.cluster import PASSWORD, breaker_write, free_ports, wait_until
+from tests.raft.cluster import PASSWORD, breaker_write, free_ports
+from tests.support.waiting import wait_until
 
 
 def single_node_cfg(tmp_path: Path, **overrides: object) -> CoordinatorConfig:

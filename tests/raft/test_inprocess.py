@@ -20,7 +20,8 @@ from raft.fsm import read_snapshot_file
 from raft.lease import AcquireLease, ReleaseLease, RenewLease, contender_may_acquire_at_ms
 from raft.node import SNAPSHOT_FILE
 from raft.replicator import RaftReplicator
-from tests.raft.cluster import Member, breaker_write, cluster_configs, holder_of, leader_of, running, wait_until
+from tests.raft.cluster import Member, breaker_write, cluster_configs, holder_of, leader_of, running
+from tests.support.waiting import wait_until
 
 ELECT_S = 15.0
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from controlplane.config import CoordinatorConfig
 from raft.replicator import RaftReplicator
-from tests.raft.cluster import Member, breaker_write, cluster_configs, holder_of, running, wait_until
+from tests.raft.cluster import Member, breaker_write, cluster_configs, holder_of, running
+from tests.support.waiting import wait_until
 from tests.support.faultproxy import Partitioner, ProxiedTCPNode, TCPNode
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import long_mode
-from tests.raft.cluster import cluster_configs, wait_until
+from tests.raft.cluster import cluster_configs
+from tests.support.waiting import wait_until
 from tests.raft.procs import HarnessProc, sigkill_all, stop_all, wait_holder
 
 HOLDER_S = 30.0

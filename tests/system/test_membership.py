@@ -7,13 +7,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import yaml
 
 from controlplane.api.admin import fetch_status
 from controlplane.cli.up import free_ports, plan_group
+from tests.support.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 EXE = [sys.executable, "-m", "controlplane.cli.main"]
@@ -22,16 +22,6 @@ EXE = [sys.executable, "-m", "controlplane.cli.main"]
 def start(config: Path, root: Path, name: str) -> subprocess.Popen:
     return subprocess.Popen(EXE + ["coordinator", "--config", str(config)], env=dict(os.environ, PYTHONPATH=str(REPO)),
                             stdout=subprocess.DEVNULL, stderr=open(root / f"{name}.log", "ab"))
-
-
-def wait_for(what: str, fn, timeout_s: float = 20.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = fn()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def holder(endpoints: list[str]):
@@ -51,7 +41,7 @@ def test_add_a_fourth_member_and_remove_one_while_committing(tmp_path: Path) -> 
     procs = {n.node_id: start(n.config, tmp_path, n.node_id) for n in nodes}
     try:
         first = [n.api_address for n in nodes]
-        h = wait_for("a lease holder", lambda: holder(first))
+        h = wait_until(lambda: holder(first), 20.0, "a lease holder", 0.1)
         procs["coord-d"] = start(tmp_path / "coord-d.yaml", tmp_path, "coord-d")
         # Any member's endpoint works: a follower points the CLI at the leader.
         follower = next(n.api_address for n in nodes if n.node_id != h["node_id"])
@@ -59,8 +49,9 @@ def test_add_a_fourth_member_and_remove_one_while_committing(tmp_path: Path) -> 
                                     "--raft-address", raft4, "--api-address", api4], capture_output=True, text=True, timeout=30)
         assert res.returncode == 0, res.stderr
         four = first + [api4]
-        wait_for("coord-d to catch up", lambda: all(
-            s["reachable"] for s in fetch_status(four, 1.0)) and fetch_status([api4], 1.0)[0]["applied_index"] >= h["commit_index"])
+        wait_until(lambda: all(
+            s["reachable"] for s in fetch_status(four, 1.0)) and fetch_status([api4], 1.0)[0]["applied_index"] >= h["commit_index"],
+            20.0, "coord-d to catch up", 0.1)
         # Remove a member that does not hold the lease, stop it, and check the group keeps going.
         gone = next(n for n in nodes if n.node_id != h["node_id"])
         res = subprocess.run(EXE + ["members", "remove", "--endpoint", h["api_address"], "--raft-address", gone.raft_address],
@@ -70,7 +61,7 @@ def test_add_a_fourth_member_and_remove_one_while_committing(tmp_path: Path) -> 
         procs[gone.node_id].wait(10)
         rest = [a for a in four if a != gone.api_address]
         before = holder(rest)["commit_index"]
-        after = wait_for("commits after the removal", lambda: (x := holder(rest)) and x["commit_index"] > before + 5 and x)
+        after = wait_until(lambda: (x := holder(rest)) and x["commit_index"] > before + 5 and x, 20.0, "commits after the removal", 0.1)
         assert after["lease"]["holder"] in {"coord-a", "coord-b", "coord-c", "coord-d"}
         peers = {p["raft_address"] for p in fetch_status([after["api_address"]], 1.0)[0]["peers"]}
         assert gone.raft_address not in peers and raft4 in peers | {after["raft_address"]}

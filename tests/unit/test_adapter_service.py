@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections import deque
-from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -38,6 +36,7 @@ from controlplane.domain.observations import (
     Observations,
 )
 from controlplane.ports import AdapterCommand, Fence
+from tests.support.waiting import wait_until
 
 INST = Instance("d1-1", "d1", "t1", "c1", "az-a", "h100", 1, InstanceState.PENDING, InitMethod.COLD, 0, 0)
 
@@ -444,14 +443,6 @@ def test_hub_rejects_a_non_positive_interval() -> None:
 # --- Observe and Recent over real gRPC ------------------------------------------------------------
 
 
-def wait_for(cond: Callable[[], bool], timeout_s: float = 5.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
-
-
 @pytest.fixture
 def streaming(tmp_path: Path):
     """An adapter whose hub thread pumps once at start and then not for a minute: the test pumps."""
@@ -460,7 +451,7 @@ def streaming(tmp_path: Path):
     server = serve_adapter("c1", "127.0.0.1:0", tmp_path / "state", backend, observe_interval_ms=60_000,
                            ring_s=3_600, clock_ms=clock)
     assert server.hub is not None
-    wait_for(lambda: len(server.hub.after(0, timeout_s=0)) == 1, what="the hub thread's first pump")
+    wait_until(lambda: len(server.hub.after(0, timeout_s=0)) == 1, what="the hub thread's first pump")
     channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
     yield server, adapter_pb2_grpc.ClusterAdapterStub(channel), clock, backend
     channel.close()
