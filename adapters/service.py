@@ -378,7 +378,8 @@ def serve_adapter(cluster_id: str, address: str, state_dir: Path, backend: Backe
     """Start the adapter's gRPC server (ClusterAdapter, grpc.health.v1, reflection) on ``address``."""
     state_dir.mkdir(parents=True, exist_ok=True)
     hub = ObservationHub(cluster_id, backend, interval_ms=observe_interval_ms, ring_s=ring_s, clock_ms=clock_ms) if observe else None
-    servicer = AdapterServicer(cluster_id, FencingGuard(state_dir / f"{cluster_id}.epoch.json"), backend, hub, clock_ms)
+    guard = FencingGuard(state_dir / f"{cluster_id}.epoch.json")
+    servicer = AdapterServicer(cluster_id, guard, backend, hub, clock_ms)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=MAX_STREAMS + 8, thread_name_prefix="adapter"))
     adapter_pb2_grpc.add_ClusterAdapterServicer_to_server(servicer, server)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
@@ -397,5 +398,5 @@ def serve_adapter(cluster_id: str, address: str, state_dir: Path, backend: Backe
     for name in ("", SERVICE_NAME):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     log.info("adapter_started", cluster=cluster_id, address=f"{address.rsplit(':', 1)[0]}:{port}",
-             backend=type(backend).__name__, epoch=servicer._guard.epoch, observe_interval_ms=observe_interval_ms)
+             backend=type(backend).__name__, epoch=guard.epoch, observe_interval_ms=observe_interval_ms)
     return AdapterServer(server, servicer, hub, health_servicer, port, backend)

@@ -120,14 +120,15 @@ def run_up(n: int, as_json: bool, root: str | None) -> int:
             time.sleep(0.2)
         return 0
     finally:
-        _stop_all(children)
+        stop_children(children)
 
 
-def _stop_all(children: list[subprocess.Popen]) -> None:
+def stop_children(children: list[subprocess.Popen], grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM every child still running, wait ``grace_s`` in all, then SIGKILL what is left."""
     for ch in children:
         if ch.poll() is None:
             ch.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + STOP_GRACE_S
+    deadline = time.monotonic() + grace_s
     for ch in children:
         try:
             ch.wait(max(0.1, deadline - time.monotonic()))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from adapters.client import RemoteAdapter
 from adapters.gpu import GpuMonitor
-from controlplane.cli.up import free_ports
+from controlplane.cli.up import free_ports, stop_children
 from controlplane.domain.errors import StaleEpoch
 from controlplane.domain.instances import InitMethod, Instance, InstanceState
 from controlplane.ports import AdapterCommand, Fence
@@ -49,13 +48,7 @@ def wait_serving(address: str, proc: subprocess.Popen, timeout_s: float = 20.0) 
 
 
 def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+    stop_children([proc], grace_s=10.0)
 
 
 def test_the_highest_epoch_survives_an_adapter_restart_and_duplicates_apply_once(tmp_path: Path) -> None:

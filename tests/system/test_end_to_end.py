@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from controlplane.cli.up import plan_group
+from controlplane.cli.up import plan_group, stop_children
 
 REPO = Path(__file__).resolve().parents[2]
 EXE = [sys.executable, "-m", "controlplane.cli.main"]
@@ -102,15 +101,7 @@ def test_a_burst_scales_a_simulated_cluster_up_and_the_calm_drains_it(tmp_path: 
                 f"no scale-up and drain back to min_replicas within {DEADLINE_S}s: {dict(by_instance)}")
             time.sleep(0.5)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
+        stop_children(procs, grace_s=10.0)
 
     events = transitions(tmp_path, node_ids)
     by_instance = paths(events)
