@@ -2,7 +2,7 @@
 
 Public API:
 
-    CODEC_VERSION = 1
+    CODEC_VERSION = 2
     class CodecError(PermanentError)             # message names the field and the problem
     def encode(cmd: Command | LeaseCommand) -> bytes
     def decode(data: bytes) -> Command | LeaseCommand
@@ -13,11 +13,12 @@ Wire format: compact UTF-8 JSON, keys sorted, no whitespace, so equal values giv
 
     {"f":{...fields...},"k":"set_desired","v":1}
 
-* ``v`` is :data:`CODEC_VERSION`; any other version is refused.
+* ``v`` is :data:`CODEC_VERSION`; any other version is refused. Version 2 (optimistic concurrency,
+  zones, tokens, object meta) has no reader for version 1: a cluster upgrades from empty data dirs.
 * ``k`` is the command's ``kind`` (``COMMAND_TYPES``) or a lease kind (``acquire_lease``,
   ``renew_lease``, ``release_lease``); a snapshot uses ``k = "snapshot"``.
 * ``f`` holds every field of the dataclass, defaults included; nested domain values are objects with
-  their own fields, enums travel by value, ``ScaleMemory.recs`` as a list of ``[bucket_ms, replicas]``
+  their own fields, enums (``Role`` included) travel by value, ``ScaleMemory.recs`` as a list of ``[bucket_ms, replicas]``
   pairs, a ``Batch`` as ``{"commands": [{"k": ..., "f": ...}, ...]}``.
 * Decoding is strict: an unknown version or kind, a missing or unknown field, a wrong type, an integer
   outside 64 bits, a non-finite number, invalid JSON or UTF-8, or a payload over
@@ -49,10 +50,11 @@ from typing import Any
 from controlplane.domain import commands as c
 from controlplane.domain.errors import PermanentError, ValidationError
 from controlplane.domain.instances import InitMethod, Instance, InstanceEvent, InstanceState
-from controlplane.domain.records import BreakerPhase, BreakerRecord, ScaleMemory
+from controlplane.domain.records import BreakerPhase, BreakerRecord, ObjectMeta, ScaleMemory
 from controlplane.domain.state import ControlState, Desired
 from controlplane.domain.tenants import Deployment, Engine, ScalingPolicy, Slo, Tenant
-from controlplane.domain.topology import Cluster
+from controlplane.domain.tokens import Role, TokenRecord
+from controlplane.domain.topology import Cluster, Zone
 from raft.lease import AcquireLease, LeaseCommand, LeaseRecord, ReleaseLease, RenewLease
 
 __all__ = [
@@ -67,9 +69,10 @@ __all__ = [
     "encode_state",
 ]
 
-CODEC_VERSION = 1
-"""Version of the wire format. Bump it (and keep a reader for the old one) on any incompatible change."""
-WRITTEN_FOR_COMMAND_VERSION = 1
+CODEC_VERSION = 2
+"""Version of the wire format. Bump it on any incompatible change (and keep a reader for the old one
+once a release has data to upgrade)."""
+WRITTEN_FOR_COMMAND_VERSION = 2
 """The ``COMMAND_VERSION`` the tables below describe; import fails if the commands moved on."""
 MAX_PAYLOAD_BYTES = 16 * 1024 * 1024
 """Largest payload :func:`decode` reads and :func:`encode` writes (commands and snapshots alike)."""
@@ -310,6 +313,7 @@ _EVENT = _enum_codecs(InstanceEvent)
 _PHASE = _enum_codecs(BreakerPhase)
 _ISTATE = _enum_codecs(InstanceState)
 _INIT = _enum_codecs(InitMethod)
+_ROLE = _enum_codecs(Role)
 
 
 def _t(name: str, codecs: tuple[Codec, Codec]) -> tuple[str, Codec, Codec]:
@@ -332,9 +336,18 @@ POLICY = _Struct(
 DEPLOYMENT = _Struct(
     Deployment, _t("id", _STR), _t("tenant", _STR), _t("engine", _ENGINE), _t("model", _STR), _t("pool", _STR),
     _t("gpus_per_instance", _INT), _t("min_replicas", _INT), _t("max_replicas", _INT), _t("warm_pool", _INT),
-    _t("policy", _nested(POLICY)), _t("created_ms", _INT),
+    _t("policy", _nested(POLICY)), _t("created_ms", _INT), _t("deleting", _BOOL),
 )
-CLUSTER = _Struct(Cluster, _t("id", _STR), _t("zone", _STR), _t("region", _STR), _t("capacity", _MAP))
+CLUSTER = _Struct(
+    Cluster, _t("id", _STR), _t("zone", _STR), _t("region", _STR), _t("capacity", _MAP), _t("adapter_address", _STR),
+    _t("cordoned", _BOOL), _t("draining", _BOOL),
+)
+ZONE = _Struct(Zone, _t("id", _STR), _t("region", _STR), _t("cordoned", _BOOL), _t("draining", _BOOL))
+TOKEN = _Struct(
+    TokenRecord, _t("id", _STR), _t("sha256", _STR), _t("role", _ROLE), _t("tenant", _STR), _t("created_ms", _INT),
+    _t("expires_ms", _INT), _t("description", _STR),
+)
+META = _Struct(ObjectMeta, _t("resource_version", _INT), _t("created_ms", _INT), _t("updated_ms", _INT))
 BREAKER = _Struct(
     BreakerRecord, _t("phase", _PHASE), _t("failures", _INT), _t("trips", _INT), _t("open_until_ms", _INT),
     _t("probe_in_flight", _BOOL), _t("changed_ms", _INT),
@@ -357,14 +370,21 @@ LEASE_RECORD = _Struct(
 )
 
 COMMAND_TABLES: dict[type[Any], _Struct | None] = {
-    c.PutTenant: _Struct(c.PutTenant, _t("tenant", _nested(TENANT))),
-    c.RemoveTenant: _Struct(c.RemoveTenant, _t("tenant_id", _STR)),
-    c.PutDeployment: _Struct(c.PutDeployment, _t("deployment", _nested(DEPLOYMENT))),
-    c.RemoveDeployment: _Struct(c.RemoveDeployment, _t("deployment_id", _STR)),
-    c.PutCluster: _Struct(c.PutCluster, _t("cluster", _nested(CLUSTER))),
+    c.PutTenant: _Struct(c.PutTenant, _t("tenant", _nested(TENANT)), _t("expect_version", _INT), _t("at_ms", _INT)),
+    c.RemoveTenant: _Struct(c.RemoveTenant, _t("tenant_id", _STR), _t("expect_version", _INT)),
+    c.PutDeployment: _Struct(
+        c.PutDeployment, _t("deployment", _nested(DEPLOYMENT)), _t("expect_version", _INT), _t("at_ms", _INT)
+    ),
+    c.RemoveDeployment: _Struct(c.RemoveDeployment, _t("deployment_id", _STR), _t("expect_version", _INT)),
+    c.PutCluster: _Struct(c.PutCluster, _t("cluster", _nested(CLUSTER)), _t("expect_version", _INT), _t("at_ms", _INT)),
+    c.RemoveCluster: _Struct(c.RemoveCluster, _t("cluster_id", _STR), _t("expect_version", _INT)),
+    c.PutZone: _Struct(c.PutZone, _t("zone", _nested(ZONE)), _t("expect_version", _INT), _t("at_ms", _INT)),
+    c.RemoveZone: _Struct(c.RemoveZone, _t("zone_id", _STR), _t("expect_version", _INT)),
+    c.PutToken: _Struct(c.PutToken, _t("token", _nested(TOKEN))),
+    c.RemoveToken: _Struct(c.RemoveToken, _t("token_id", _STR)),
     c.SetDesired: _Struct(
         c.SetDesired, _t("deployment_id", _STR), _t("replicas", _INT), _t("warm_pool", _INT), _t("reason", _STR),
-        _t("at_ms", _INT),
+        _t("at_ms", _INT), _t("message", _STR),
     ),
     c.PutScaleMemory: _Struct(c.PutScaleMemory, _t("deployment_id", _STR), _t("memory", _nested(MEMORY))),
     c.CreateInstance: _Struct(
@@ -584,9 +604,12 @@ def _open(obj: Any) -> tuple[Any, Any]:
 # --- snapshots ----------------------------------------------------------------------------------
 
 _ID_TABLES: tuple[tuple[str, _Struct], ...] = (
-    ("tenants", TENANT), ("deployments", DEPLOYMENT), ("clusters", CLUSTER), ("instances", INSTANCE)
+    ("tenants", TENANT), ("deployments", DEPLOYMENT), ("clusters", CLUSTER), ("instances", INSTANCE),
+    ("zones", ZONE), ("tokens", TOKEN),
 )
-_KEYED_TABLES: tuple[tuple[str, _Struct], ...] = (("desired", DESIRED), ("memory", MEMORY), ("breakers", BREAKER))
+_KEYED_TABLES: tuple[tuple[str, _Struct], ...] = (
+    ("desired", DESIRED), ("memory", MEMORY), ("breakers", BREAKER), ("meta", META)
+)
 _STATE_KEYS = frozenset(
     [name for name, _ in _ID_TABLES] + [name for name, _ in _KEYED_TABLES] + ["applied", "gpus_used_keys", "lease"]
 )

@@ -22,6 +22,10 @@ What lives where (PYSYNCOBJ.md §0/§1.1 pitfalls):
 Snapshots: pysyncobj's ``serializer``/``deserializer`` hooks (see :func:`write_snapshot_file`) with
 our own file format and :func:`raft.codec.encode_state`; no pickle in the snapshot file.
 
+Change events: the FSM owns an :class:`~controlplane.runtime.events.EventLog` (``events``) and
+records every applied domain entry into it under ``_lock``; a snapshot install resets it to the
+installed state's revision (the events before it are not known here).
+
 Thread safety: ``apply_entry`` and the snapshot hooks run in the tick thread and take ``_lock``;
 readers (:meth:`state_copy`, :meth:`lease_view`) take the same lock and get a copy (dict tables are
 shallow-copied: their values are frozen dataclasses). A copy is cached until the next change, so
@@ -44,6 +48,7 @@ from typing import Any
 from pysyncobj import SyncObjConsumer, replicated
 
 from controlplane.domain.state import ApplyResult, ControlState, apply
+from controlplane.runtime.events import EventLog, capture
 from raft import codec
 from raft.lease import AcquireLease, LeaseOutcome, LeaseRecord, ReleaseLease, RenewLease, apply_lease
 
@@ -87,8 +92,10 @@ def copy_state(state: ControlState) -> ControlState:
 class ControlFsm(SyncObjConsumer):
     """Replicated :class:`ControlState` and lease record. Construct, then hand to ``SyncObj``."""
 
-    def __init__(self, clock_ms: Callable[[], int]) -> None:
+    def __init__(self, clock_ms: Callable[[], int], events: EventLog | None = None) -> None:
         super().__init__()
+        self.events = events if events is not None else EventLog()
+        """Change events of the entries applied here (see ``controlplane/runtime/events.py``)."""
         self._clock_ms = clock_ms
         self._lock = threading.Lock()
         self._state = ControlState()
@@ -130,7 +137,13 @@ class ControlFsm(SyncObjConsumer):
                     self._stats["rejected"] += 1
                     return ApplyResult(False, problem)
             self._change += 1
-            return apply(self._state, cmd)  # type: ignore[arg-type]  # not a lease command
+            befores: list[object] = []
+            result = apply(self._state, cmd, lambda state, member: befores.append(capture(state, member)))  # type: ignore[arg-type]
+            try:
+                self.events.record(cmd, result, befores, self._state.applied)  # type: ignore[arg-type]
+            except Exception:  # a bug in event derivation must not change the entry's result
+                log.exception("recording the events of entry %d failed", log_index)
+            return result
 
     def _apply_lease(self, cmd: AcquireLease | RenewLease | ReleaseLease, log_index: int) -> LeaseOutcome:
         out = apply_lease(self._lease, cmd, log_index)
@@ -173,6 +186,7 @@ class ControlFsm(SyncObjConsumer):
             self._t_obs_ms = self._clock_ms()  # conservative: as if the version changed now
             self._change += 1
             self._stats["snapshots_installed"] += 1
+            self.events.reset(state.applied)
 
     # pysyncobj's own consumer serialization; unused while our serializer hooks are set (they are,
     # always, in raft/node.py), but kept codec-based so no path pickles domain objects.

@@ -55,6 +55,7 @@ from controlplane.domain.errors import (
     ValidationError,
 )
 from controlplane.domain.state import ControlState
+from controlplane.runtime.events import EventLog
 from raft import codec
 from raft.fsm import ControlFsm, read_snapshot_file, write_snapshot_file
 from raft.lease import LeaseCommand, LeaseOutcome, LeaseRecord
@@ -495,6 +496,11 @@ class RaftNode:
 
     def state_copy(self) -> ControlState:
         return self.fsm.state_copy()
+
+    @property
+    def events(self) -> EventLog:
+        """This replica's change events (what the API's ``Watch`` and ``Explain`` read)."""
+        return self.fsm.events
 
     def fatal_error(self) -> str:
         return self._fatal

@@ -10,14 +10,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId, TenantId
+from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId, TenantId, ZoneId
 from controlplane.domain.instances import InstanceEvent
 from controlplane.domain.records import BreakerRecord, ScaleMemory
 from controlplane.domain.tenants import Deployment, Tenant
-from controlplane.domain.topology import Cluster
+from controlplane.domain.tokens import TokenRecord
+from controlplane.domain.topology import Cluster, Zone
 
-COMMAND_VERSION = 1
+COMMAND_VERSION = 2
 """Bumped when a command's fields change incompatibly; the codec refuses unknown versions."""
+
+ANY_VERSION = -1
+"""``expect_version`` for an unconditional write (the holder's bootstrap and internal writes)."""
+MUST_NOT_EXIST = 0
+"""``expect_version`` for a create: rejected with ``AlreadyExists`` when the object exists."""
+# Any other ``expect_version`` (> 0) must equal the object's current ``resource_version``, else the
+# command is rejected with ``VersionMismatch`` (optimistic concurrency, like Kubernetes).
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,30 +37,80 @@ class Command:
 class PutTenant(Command):
     kind: ClassVar[str] = "put_tenant"
     tenant: Tenant
+    expect_version: int = ANY_VERSION
+    at_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class RemoveTenant(Command):
     kind: ClassVar[str] = "remove_tenant"
     tenant_id: TenantId
+    expect_version: int = ANY_VERSION
 
 
 @dataclass(frozen=True, slots=True)
 class PutDeployment(Command):
     kind: ClassVar[str] = "put_deployment"
     deployment: Deployment
+    expect_version: int = ANY_VERSION
+    at_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class RemoveDeployment(Command):
     kind: ClassVar[str] = "remove_deployment"
     deployment_id: DeploymentId
+    expect_version: int = ANY_VERSION
 
 
 @dataclass(frozen=True, slots=True)
 class PutCluster(Command):
     kind: ClassVar[str] = "put_cluster"
     cluster: Cluster
+    expect_version: int = ANY_VERSION
+    at_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveCluster(Command):
+    """Rejected (``Conflict``) while instances still run in the cluster."""
+
+    kind: ClassVar[str] = "remove_cluster"
+    cluster_id: ClusterId
+    expect_version: int = ANY_VERSION
+
+
+@dataclass(frozen=True, slots=True)
+class PutZone(Command):
+    kind: ClassVar[str] = "put_zone"
+    zone: Zone
+    expect_version: int = ANY_VERSION
+    at_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveZone(Command):
+    """Rejected (``Conflict``) while a cluster is registered in the zone."""
+
+    kind: ClassVar[str] = "remove_zone"
+    zone_id: ZoneId
+    expect_version: int = ANY_VERSION
+
+
+@dataclass(frozen=True, slots=True)
+class PutToken(Command):
+    """Create an API token record (``AlreadyExists`` if the id is taken; records are never updated)."""
+
+    kind: ClassVar[str] = "put_token"
+    token: TokenRecord
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveToken(Command):
+    """Revoke a token: its record leaves the state, so it authenticates nothing any more."""
+
+    kind: ClassVar[str] = "remove_token"
+    token_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +123,8 @@ class SetDesired(Command):
     warm_pool: int
     reason: str
     at_ms: int
+    message: str = ""
+    """The decision's explanation with its inputs (what ``Scaling.Explain`` shows)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +177,11 @@ COMMAND_TYPES: dict[str, type[Command]] = {
         PutDeployment,
         RemoveDeployment,
         PutCluster,
+        RemoveCluster,
+        PutZone,
+        RemoveZone,
+        PutToken,
+        RemoveToken,
         SetDesired,
         PutScaleMemory,
         CreateInstance,

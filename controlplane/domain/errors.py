@@ -15,7 +15,8 @@
         +-- IllegalTransition(instance, from, event)  the lifecycle table forbids it
         +-- NotFound(kind, id)
         +-- AlreadyExists(kind, id)
-        +-- Conflict(what)              optimistic-concurrency check failed (version / resourceVersion)
+        +-- Conflict(what)              the object's state forbids it (still has deployments / instances)
+        +-- VersionMismatch(kind, id, expected, actual)  optimistic concurrency: resource_version moved on
         +-- StaleEpoch(got, highest)    a fenced command carried an epoch below the highest seen
         +-- Forbidden(what)             authenticated, but not allowed (cross-tenant access)
 
@@ -110,7 +111,21 @@ class AlreadyExists(PermanentError):
 
 
 class Conflict(PermanentError):
-    """An optimistic-concurrency precondition (version, resourceVersion) did not hold."""
+    """The current state forbids the change (a tenant that still owns deployments, a cluster with
+    instances, a membership change in progress...)."""
+
+
+class VersionMismatch(PermanentError):
+    """An update or delete named a ``resource_version`` that is not the object's current one."""
+
+    def __init__(self, kind: str, ident: str, expected: int, actual: int) -> None:
+        super().__init__(
+            f"{kind} {ident!r} is at resource_version {actual}, not {expected}: it changed since you read it"
+        )
+        self.kind = kind
+        self.ident = ident
+        self.expected = expected
+        self.actual = actual
 
 
 class StaleEpoch(PermanentError):

@@ -54,3 +54,19 @@ class ScaleMemory:
 
 
 EMPTY_MEMORY = ScaleMemory()
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectMeta:
+    """Bookkeeping of an API object (tenant, deployment, cluster, zone), kept in ``ControlState.meta``.
+
+    ``resource_version`` is the revision of the object's last write: ``ControlState.applied`` right
+    after that command was applied, so it is the same on every replica and grows with every write.
+    Clients send it back as ``expect_version`` to update or delete only what they read (optimistic
+    concurrency). The times are the writes' ``at_ms`` (stamped by the proposer, 0 for internal
+    writes); ``created_ms`` is kept across updates.
+    """
+
+    resource_version: int
+    created_ms: int = 0
+    updated_ms: int = 0

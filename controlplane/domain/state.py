@@ -6,8 +6,14 @@ reason. It never raises, never reads a clock, never draws randomness, and never 
 unordered collection, so every replica that applies the same log reaches the same state.
 
 Each handler validates everything first and mutates last, so a rejected command leaves no partial
-write behind. The state is mutated in place (copying a fleet-sized state per command would make a
-tick O(fleet x commands)); snapshots are taken by :func:`snapshot`.
+write behind. A rejection carries a ``code`` (what kind: not found, version mismatch...) for callers
+that map errors; a success carries its ``revision`` (``state.applied`` after it), which is also the
+``resource_version`` of the tenant, deployment, cluster or zone it wrote (``ControlState.meta``).
+Puts and removes of those honour ``expect_version`` (``commands.ANY_VERSION``, ``MUST_NOT_EXIST`` or
+the version the writer read).
+
+The state is mutated in place (copying a fleet-sized state per command would make a tick
+O(fleet x commands)); snapshots are taken by :func:`snapshot`.
 """
 
 from __future__ import annotations
@@ -20,20 +26,17 @@ from controlplane.domain.errors import (
     AlreadyExists,
     Conflict,
     ControlPlaneError,
+    IllegalTransition,
     NotFound,
     ValidationError,
+    VersionMismatch,
 )
-from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId, PoolId, TenantId, id_problem
-from controlplane.domain.instances import (
-    InitMethod,
-    Instance,
-    InstanceState,
-    Transitioned,
-    transition,
-)
-from controlplane.domain.records import EMPTY_MEMORY, BreakerRecord, ScaleMemory
+from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId, PoolId, TenantId, ZoneId, id_problem
+from controlplane.domain.instances import InitMethod, Instance, InstanceState, Transitioned, transition
+from controlplane.domain.records import EMPTY_MEMORY, BreakerRecord, ObjectMeta, ScaleMemory
 from controlplane.domain.tenants import Deployment, Tenant
-from controlplane.domain.topology import Cluster
+from controlplane.domain.tokens import Role, TokenRecord
+from controlplane.domain.topology import Cluster, Zone
 
 MAX_BATCH = 10_000
 """Most commands in one :class:`~controlplane.domain.commands.Batch`."""
@@ -53,12 +56,31 @@ class Desired:
 class ApplyResult:
     ok: bool
     error: str = ""
+    """Why it was rejected (a batch: its first rejected member's error)."""
     transitions: tuple[Transitioned, ...] = ()
     results: tuple[ApplyResult, ...] = ()
     """For a batch: one result per command, in order."""
+    code: str = ""
+    """Why it was rejected, for callers that map errors (the API server): one of :data:`CODES`; ""
+    when ``ok``. A batch carries its first rejected member's code."""
+    revision: int = 0
+    """``ControlState.applied`` right after this command (its objects' new ``resource_version``); 0
+    when rejected. A batch carries its last applied member's (0 when it applied none)."""
 
 
-OK = ApplyResult(ok=True)
+CODES = ("", "invalid", "not_found", "already_exists", "conflict", "version_mismatch", "malformed", "unknown")
+"""Values of :attr:`ApplyResult.code`: "malformed" is a command of the wrong shape (a proposer bug,
+a nested batch); "unknown" a rejection this table does not classify."""
+_CODE_OF: dict[type, str] = {
+    ValidationError: "invalid",
+    IllegalTransition: "conflict",
+    NotFound: "not_found",
+    AlreadyExists: "already_exists",
+    Conflict: "conflict",
+    VersionMismatch: "version_mismatch",
+}
+
+
 
 
 @dataclass
@@ -70,6 +92,12 @@ class ControlState:
     desired: dict[DeploymentId, Desired] = field(default_factory=dict)
     memory: dict[DeploymentId, ScaleMemory] = field(default_factory=dict)
     breakers: dict[str, BreakerRecord] = field(default_factory=dict)
+    zones: dict[ZoneId, Zone] = field(default_factory=dict)
+    tokens: dict[str, TokenRecord] = field(default_factory=dict)
+    """API token records by token id (hashed secrets only)."""
+    meta: dict[str, ObjectMeta] = field(default_factory=dict)
+    """Versions and times of tenants, deployments, clusters and zones, keyed ``"{kind}/{id}"``
+    (:func:`meta_key`)."""
     applied: int = 0
     """Number of commands applied successfully (a batch counts each member)."""
     # Derived indexes, kept in step by the handlers (dicts used as insertion-ordered sets).
@@ -90,99 +118,239 @@ class ControlState:
         return self.memory.get(deployment_id, EMPTY_MEMORY)
 
 
-def apply(state: ControlState, command: c.Command) -> ApplyResult:
-    """Apply one replicated command. Deterministic and total: never raises."""
+Observer = Callable[["ControlState", c.Command], object]
+"""``apply``'s ``before`` hook: called with the state and each command about to be applied."""
+
+
+def apply(state: ControlState, command: c.Command, before: Observer | None = None) -> ApplyResult:
+    """Apply one replicated command. Deterministic and total: never raises.
+
+    ``before(state, cmd)``, when given, is called right before each non-batch command is applied
+    (each member of a well-formed batch, in order), while the state is still as that command finds
+    it: the event log captures what a command removes (see ``controlplane/runtime/events.py``). It
+    must not change the state.
+    """
     if isinstance(command, c.Batch):
-        return _apply_batch(state, command)
+        return _apply_batch(state, command, before)
+    if before is not None:
+        before(state, command)
     return _apply_one(state, command)
 
 
-def _apply_batch(state: ControlState, batch: c.Batch) -> ApplyResult:
+def _apply_batch(state: ControlState, batch: c.Batch, before: Observer | None) -> ApplyResult:
     if not isinstance(batch.commands, (tuple, list)):
-        return ApplyResult(False, f"malformed batch: commands must be a tuple, got {type(batch.commands).__name__}")
+        return _rejected(f"malformed batch: commands must be a tuple, got {type(batch.commands).__name__}", "malformed")
     if len(batch.commands) > MAX_BATCH:
-        return ApplyResult(False, f"batch: {len(batch.commands)} commands exceed the limit of {MAX_BATCH}")
+        return _rejected(f"batch: {len(batch.commands)} commands exceed the limit of {MAX_BATCH}", "invalid")
     results = []
+    applied = state.applied
     for cmd in batch.commands:
         if isinstance(cmd, c.Batch):
-            results.append(ApplyResult(False, "batch: batches cannot be nested"))
-        else:
-            results.append(_apply_one(state, cmd))
+            results.append(_rejected("batch: batches cannot be nested", "malformed"))
+            continue
+        if before is not None:
+            before(state, cmd)
+        results.append(_apply_one(state, cmd))
     transitions = tuple(t for r in results for t in r.transitions)
-    return ApplyResult(all(r.ok for r in results), "", transitions, tuple(results))
+    first = next((r for r in results if not r.ok), None)
+    error, code = ("", "") if first is None else (first.error, first.code)
+    revision = state.applied if state.applied != applied else 0
+    return ApplyResult(first is None, error, transitions, tuple(results), code, revision)
+
+
+def _rejected(error: str, code: str) -> ApplyResult:
+    return ApplyResult(False, error, code=code)
 
 
 def _apply_one(state: ControlState, command: c.Command) -> ApplyResult:
     handler = _HANDLERS.get(type(command))
     if handler is None:
-        return ApplyResult(False, f"unknown command type {type(command).__name__}")
+        return _rejected(f"unknown command type {type(command).__name__}", "malformed")
     try:
-        result = handler(state, command)
+        transitions = handler(state, command)
     except ControlPlaneError as exc:
-        return ApplyResult(False, str(exc))
+        return _rejected(str(exc), _CODE_OF.get(type(exc), "unknown"))
     except (TypeError, ValueError, AttributeError, KeyError) as exc:
         # A malformed command (wrong field types from a buggy or hostile proposer). Every replica
         # rejects it identically, so the log stays replayable.
-        return ApplyResult(False, f"malformed {command.kind}: {exc}")
+        return _rejected(f"malformed {command.kind}: {exc}", "malformed")
     state.applied += 1
-    return result
+    return ApplyResult(True, transitions=transitions, revision=state.applied)
 
 
-def _put_tenant(state: ControlState, cmd: c.PutTenant) -> ApplyResult:
+# --- handlers: validate everything, then mutate; return the transitions made ---------------------
+#
+# A handler that succeeds makes its command revision ``state.applied + 1`` (``_apply_one`` counts it
+# after the handler returns): that is the ``resource_version`` it stamps on what it writes.
+
+NO_TRANSITIONS: tuple[Transitioned, ...] = ()
+
+
+def meta_key(kind: str, ident: str) -> str:
+    """Key of an object's :class:`ObjectMeta` in ``ControlState.meta`` (``"deployment/chat"``)."""
+    return f"{kind}/{ident}"
+
+
+def _check_write(state: ControlState, kind: str, ident: str, exists: bool, expect: int, *, delete: bool) -> None:
+    """The ``expect_version`` precondition of a put or remove (see ``commands.ANY_VERSION``)."""
+    if isinstance(expect, bool) or not isinstance(expect, int) or expect < c.ANY_VERSION:
+        raise ValidationError("expect_version", f"must be -1 (any), 0 (create) or a resource_version, got {expect!r}")
+    if expect == c.ANY_VERSION:
+        if delete and not exists:
+            raise NotFound(kind, ident)
+        return
+    if expect == c.MUST_NOT_EXIST:
+        if delete:
+            raise ValidationError("expect_version", "must be -1 (any) or a resource_version for a delete, got 0")
+        if exists:
+            raise AlreadyExists(kind, ident)
+        return
+    if not exists:
+        raise NotFound(kind, ident)
+    meta = state.meta.get(meta_key(kind, ident))
+    actual = meta.resource_version if meta is not None else 0
+    if actual != expect:
+        raise VersionMismatch(kind, ident, expect, actual)
+
+
+def _check_at(at_ms: int) -> None:
+    if isinstance(at_ms, bool) or not isinstance(at_ms, int) or at_ms < 0:
+        raise ValidationError("at_ms", f"must be an integer >= 0, got {at_ms!r}")
+
+
+def _stamp(state: ControlState, kind: str, ident: str, at_ms: int) -> None:
+    """Record a successful put's revision and times (``created_ms`` survives updates)."""
+    key = meta_key(kind, ident)
+    old = state.meta.get(key)
+    created = old.created_ms if old is not None else at_ms
+    state.meta[key] = ObjectMeta(state.applied + 1, created, at_ms)
+
+
+def _put_tenant(state: ControlState, cmd: c.PutTenant) -> tuple[Transitioned, ...]:
     t = cmd.tenant
     Tenant.__post_init__(t)  # re-validate: the command may come from the codec
+    _check_at(cmd.at_ms)
+    _check_write(state, "tenant", t.id, t.id in state.tenants, cmd.expect_version, delete=False)
     state.tenants[t.id] = t
-    return OK
+    _stamp(state, "tenant", t.id, cmd.at_ms)
+    return NO_TRANSITIONS
 
 
-def _remove_tenant(state: ControlState, cmd: c.RemoveTenant) -> ApplyResult:
-    if cmd.tenant_id not in state.tenants:
-        raise NotFound("tenant", cmd.tenant_id)
-    owned = [d.id for d in state.deployments.values() if d.tenant == cmd.tenant_id]
+def _remove_tenant(state: ControlState, cmd: c.RemoveTenant) -> tuple[Transitioned, ...]:
+    tid = cmd.tenant_id
+    _check_write(state, "tenant", tid, tid in state.tenants, cmd.expect_version, delete=True)
+    owned = [d.id for d in state.deployments.values() if d.tenant == tid]
     if owned:
-        raise Conflict(f"tenant {cmd.tenant_id!r} still owns deployments {sorted(owned)}")
-    del state.tenants[cmd.tenant_id]
-    return OK
+        raise Conflict(f"tenant {tid!r} still owns deployments {sorted(owned)}")
+    del state.tenants[tid]
+    state.meta.pop(meta_key("tenant", tid), None)
+    for token_id in [k for k, tok in state.tokens.items() if tok.tenant == tid]:
+        del state.tokens[token_id]  # its tokens would name a tenant that no longer exists
+    return NO_TRANSITIONS
 
 
-def _put_deployment(state: ControlState, cmd: c.PutDeployment) -> ApplyResult:
+def _put_deployment(state: ControlState, cmd: c.PutDeployment) -> tuple[Transitioned, ...]:
     d = cmd.deployment
     Deployment.__post_init__(d)
+    _check_at(cmd.at_ms)
     if d.tenant not in state.tenants:
         raise NotFound("tenant", d.tenant)
     old = state.deployments.get(d.id)
-    if old is not None:
+    _check_write(state, "deployment", d.id, old is not None, cmd.expect_version, delete=False)
+    if old is None:
+        if d.deleting:
+            raise ValidationError("deployment.deleting", f"deployment {d.id!r} does not exist; it cannot be created deleting")
+    else:
         if old.tenant != d.tenant:
             raise Conflict(f"deployment {d.id!r} belongs to tenant {old.tenant!r}")
         if (old.pool, old.gpus_per_instance) != (d.pool, d.gpus_per_instance):
             raise ValidationError("deployment.pool", "pool and gpus_per_instance cannot change; create a new deployment")
+        if old.deleting and not d.deleting:
+            raise Conflict(f"deployment {d.id!r} is being deleted; it cannot be updated")
     state.deployments[d.id] = d
     state.by_deployment.setdefault(d.id, {})
-    return OK
+    _stamp(state, "deployment", d.id, cmd.at_ms)
+    return NO_TRANSITIONS
 
 
-def _remove_deployment(state: ControlState, cmd: c.RemoveDeployment) -> ApplyResult:
-    if cmd.deployment_id not in state.deployments:
-        raise NotFound("deployment", cmd.deployment_id)
-    live = [i for i in state.instances_of(cmd.deployment_id) if not i.state.terminal]
+def _remove_deployment(state: ControlState, cmd: c.RemoveDeployment) -> tuple[Transitioned, ...]:
+    did = cmd.deployment_id
+    _check_write(state, "deployment", did, did in state.deployments, cmd.expect_version, delete=True)
+    live = [i for i in state.instances_of(did) if not i.state.terminal]
     if live:
-        raise Conflict(f"deployment {cmd.deployment_id!r} still has {len(live)} instances; scale it to 0 first")
+        raise Conflict(f"deployment {did!r} still has {len(live)} instances; scale it to 0 first")
     for table in (state.deployments, state.desired, state.memory, state.by_deployment):
-        table.pop(cmd.deployment_id, None)  # type: ignore[attr-defined]
-    return OK
+        table.pop(did, None)  # type: ignore[attr-defined]
+    state.meta.pop(meta_key("deployment", did), None)
+    return NO_TRANSITIONS
 
 
-def _put_cluster(state: ControlState, cmd: c.PutCluster) -> ApplyResult:
+def _put_cluster(state: ControlState, cmd: c.PutCluster) -> tuple[Transitioned, ...]:
     cl = cmd.cluster
     Cluster.__post_init__(cl)
+    _check_at(cmd.at_ms)
     old = state.clusters.get(cl.id)
+    _check_write(state, "cluster", cl.id, old is not None, cmd.expect_version, delete=False)
     if old is not None and old.zone != cl.zone:
         raise ValidationError("cluster.zone", f"cluster {cl.id!r} is in zone {old.zone!r}; zones cannot change")
     state.clusters[cl.id] = cl
-    return OK
+    _stamp(state, "cluster", cl.id, cmd.at_ms)
+    return NO_TRANSITIONS
 
 
-def _set_desired(state: ControlState, cmd: c.SetDesired) -> ApplyResult:
+def _remove_cluster(state: ControlState, cmd: c.RemoveCluster) -> tuple[Transitioned, ...]:
+    cid = cmd.cluster_id
+    _check_write(state, "cluster", cid, cid in state.clusters, cmd.expect_version, delete=True)
+    running = sum(1 for i in state.instances.values() if i.cluster == cid)
+    if running:
+        raise Conflict(f"cluster {cid!r} still has {running} instances; drain it first")
+    del state.clusters[cid]
+    state.meta.pop(meta_key("cluster", cid), None)
+    for key in [k for k in state.gpus_used if k[0] == cid]:
+        del state.gpus_used[key]  # all 0: no instance is left there
+    return NO_TRANSITIONS
+
+
+def _put_zone(state: ControlState, cmd: c.PutZone) -> tuple[Transitioned, ...]:
+    z = cmd.zone
+    Zone.__post_init__(z)
+    _check_at(cmd.at_ms)
+    _check_write(state, "zone", z.id, z.id in state.zones, cmd.expect_version, delete=False)
+    state.zones[z.id] = z
+    _stamp(state, "zone", z.id, cmd.at_ms)
+    return NO_TRANSITIONS
+
+
+def _remove_zone(state: ControlState, cmd: c.RemoveZone) -> tuple[Transitioned, ...]:
+    zid = cmd.zone_id
+    _check_write(state, "zone", zid, zid in state.zones, cmd.expect_version, delete=True)
+    inside = [cl.id for cl in state.clusters.values() if cl.zone == zid]
+    if inside:
+        raise Conflict(f"zone {zid!r} still has clusters {sorted(inside)}")
+    del state.zones[zid]
+    state.meta.pop(meta_key("zone", zid), None)
+    return NO_TRANSITIONS
+
+
+def _put_token(state: ControlState, cmd: c.PutToken) -> tuple[Transitioned, ...]:
+    tok = cmd.token
+    TokenRecord.__post_init__(tok)
+    if tok.id in state.tokens:
+        raise AlreadyExists("token", tok.id)
+    if tok.role is Role.TENANT and tok.tenant not in state.tenants:
+        raise NotFound("tenant", tok.tenant)
+    state.tokens[tok.id] = tok
+    return NO_TRANSITIONS
+
+
+def _remove_token(state: ControlState, cmd: c.RemoveToken) -> tuple[Transitioned, ...]:
+    if cmd.token_id not in state.tokens:
+        raise NotFound("token", cmd.token_id)
+    del state.tokens[cmd.token_id]
+    return NO_TRANSITIONS
+
+
+def _set_desired(state: ControlState, cmd: c.SetDesired) -> tuple[Transitioned, ...]:
     d = state.deployments.get(cmd.deployment_id)
     if d is None:
         raise NotFound("deployment", cmd.deployment_id)
@@ -190,22 +358,24 @@ def _set_desired(state: ControlState, cmd: c.SetDesired) -> ApplyResult:
         raise ValidationError("replicas", f"must be between 0 and {d.max_replicas}, got {cmd.replicas}")
     if cmd.warm_pool < 0:
         raise ValidationError("warm_pool", f"must be >= 0, got {cmd.warm_pool}")
+    if not isinstance(cmd.message, str):
+        raise ValidationError("message", f"must be a string, got {type(cmd.message).__name__}")
     old = state.desired.get(cmd.deployment_id)
     gen = 1 if old is None else old.generation + (
         (old.replicas, old.warm_pool) != (cmd.replicas, cmd.warm_pool)
     )
     state.desired[cmd.deployment_id] = Desired(cmd.replicas, cmd.warm_pool, gen, cmd.reason, cmd.at_ms)
-    return OK
+    return NO_TRANSITIONS
 
 
-def _put_memory(state: ControlState, cmd: c.PutScaleMemory) -> ApplyResult:
+def _put_memory(state: ControlState, cmd: c.PutScaleMemory) -> tuple[Transitioned, ...]:
     if cmd.deployment_id not in state.deployments:
         raise NotFound("deployment", cmd.deployment_id)
     state.memory[cmd.deployment_id] = cmd.memory
-    return OK
+    return NO_TRANSITIONS
 
 
-def _create_instance(state: ControlState, cmd: c.CreateInstance) -> ApplyResult:
+def _create_instance(state: ControlState, cmd: c.CreateInstance) -> tuple[Transitioned, ...]:
     problem = id_problem(cmd.instance_id)  # it becomes a pod name, and a key that snapshot() sorts
     if problem:
         raise ValidationError("instance_id", problem)
@@ -214,6 +384,8 @@ def _create_instance(state: ControlState, cmd: c.CreateInstance) -> ApplyResult:
     d = state.deployments.get(cmd.deployment_id)
     if d is None:
         raise NotFound("deployment", cmd.deployment_id)
+    if d.deleting:
+        raise Conflict(f"deployment {d.id!r} is being deleted; it gets no new instances")
     cl = state.clusters.get(cmd.cluster_id)
     if cl is None:
         raise NotFound("cluster", cmd.cluster_id)
@@ -237,10 +409,10 @@ def _create_instance(state: ControlState, cmd: c.CreateInstance) -> ApplyResult:
     state.by_deployment.setdefault(d.id, {})[inst.id] = None
     key = (cl.id, d.pool)
     state.gpus_used[key] = state.gpus_used.get(key, 0) + inst.gpus
-    return OK
+    return NO_TRANSITIONS
 
 
-def _transition_instance(state: ControlState, cmd: c.TransitionInstance) -> ApplyResult:
+def _transition_instance(state: ControlState, cmd: c.TransitionInstance) -> tuple[Transitioned, ...]:
     inst = state.instances.get(cmd.instance_id)
     if inst is None:
         raise NotFound("instance", cmd.instance_id)
@@ -256,22 +428,27 @@ def _transition_instance(state: ControlState, cmd: c.TransitionInstance) -> Appl
         state.gpus_used[key] = state.gpus_used.get(key, 0) - inst.gpus
     else:
         state.instances[inst.id] = new
-    return ApplyResult(True, transitions=(rec,))
+    return (rec,)
 
 
-def _put_breaker(state: ControlState, cmd: c.PutBreaker) -> ApplyResult:
+def _put_breaker(state: ControlState, cmd: c.PutBreaker) -> tuple[Transitioned, ...]:
     if not isinstance(cmd.key, str) or not cmd.key:
         raise ValidationError("key", f"must be a non-empty string, got {cmd.key!r}")
     state.breakers[cmd.key] = cmd.record
-    return OK
+    return NO_TRANSITIONS
 
 
-_HANDLERS: dict[type, Callable[[ControlState, object], ApplyResult]] = {
+_HANDLERS: dict[type, Callable[[ControlState, object], tuple[Transitioned, ...]]] = {
     c.PutTenant: _put_tenant,
     c.RemoveTenant: _remove_tenant,
     c.PutDeployment: _put_deployment,
     c.RemoveDeployment: _remove_deployment,
     c.PutCluster: _put_cluster,
+    c.RemoveCluster: _remove_cluster,
+    c.PutZone: _put_zone,
+    c.RemoveZone: _remove_zone,
+    c.PutToken: _put_token,
+    c.RemoveToken: _remove_token,
     c.SetDesired: _set_desired,
     c.PutScaleMemory: _put_memory,
     c.CreateInstance: _create_instance,
@@ -290,5 +467,8 @@ def snapshot(state: ControlState) -> dict[str, object]:
         "desired": dict(sorted(state.desired.items())),
         "memory": dict(sorted(state.memory.items())),
         "breakers": dict(sorted(state.breakers.items())),
+        "zones": dict(sorted(state.zones.items())),
+        "tokens": dict(sorted(state.tokens.items())),
+        "meta": dict(sorted(state.meta.items())),
         "applied": state.applied,
     }

@@ -169,6 +169,9 @@ class Deployment:
     """Sleeping (Standby) instances kept ready for a warm start."""
     policy: ScalingPolicy = field(default_factory=ScalingPolicy)
     created_ms: int = 0
+    deleting: bool = False
+    """Deletion requested: the planner scales it to zero (no warm pool), and the lease holder removes
+    it once no instance is left (like a Kubernetes finalizer)."""
 
     def __post_init__(self) -> None:
         check_id("deployment.id", self.id)
@@ -187,3 +190,5 @@ class Deployment:
                 f"must not exceed max_replicas ({self.max_replicas}), got {self.min_replicas}",
             )
         check_int("deployment.warm_pool", self.warm_pool, 0, 1_000)
+        if not isinstance(self.deleting, bool):
+            raise ValidationError("deployment.deleting", "must be true or false")

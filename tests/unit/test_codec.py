@@ -15,10 +15,11 @@ from controlplane.domain import commands as c
 from controlplane.domain.errors import PermanentError
 from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId, PoolId, TenantId, ZoneId
 from controlplane.domain.instances import TRANSITIONS, InitMethod, InstanceEvent, InstanceState
-from controlplane.domain.records import BreakerPhase, BreakerRecord, ScaleMemory
+from controlplane.domain.records import BreakerPhase, BreakerRecord, ObjectMeta, ScaleMemory
 from controlplane.domain.state import ControlState, Desired, apply, snapshot
 from controlplane.domain.tenants import MAX_PRIORITY, Deployment, Engine, ScalingPolicy, Slo, Tenant
-from controlplane.domain.topology import Cluster
+from controlplane.domain.tokens import Role, TokenRecord
+from controlplane.domain.topology import Cluster, Zone
 from raft import codec
 from raft.codec import (
     CODEC_VERSION,
@@ -109,20 +110,42 @@ def deployments(draw: st.DrawFn) -> Deployment:
         model=draw(st.text(min_size=1, max_size=30)),
         pool=draw(ids), gpus_per_instance=draw(st.integers(1, 64)), min_replicas=draw(st.integers(0, mx)),
         max_replicas=mx, warm_pool=draw(st.integers(0, 1_000)), policy=draw(policies()), created_ms=draw(int64),
+        deleting=draw(st.booleans()),
     )
 
 
-clusters = st.builds(Cluster, ids, ids, ids, gpu_maps)
+@st.composite
+def token_records(draw: st.DrawFn) -> TokenRecord:
+    role = draw(st.sampled_from(Role))
+    return TokenRecord(
+        id=draw(st.from_regex(r"[0-9a-f]{12}", fullmatch=True)),
+        sha256=draw(st.from_regex(r"[0-9a-f]{64}", fullmatch=True)),
+        role=role,
+        tenant=draw(ids) if role is Role.TENANT else "",
+        created_ms=draw(naturals),
+        expires_ms=draw(naturals),
+        description=draw(st.text(max_size=30)),
+    )
+
+
+clusters = st.builds(Cluster, ids, ids, ids, gpu_maps, texts, st.booleans(), st.booleans())
+zones = st.builds(Zone, ids, ids, st.booleans(), st.booleans())
+metas = st.builds(ObjectMeta, int64, int64, int64)
 breakers = st.builds(BreakerRecord, st.sampled_from(BreakerPhase), int64, int64, int64, st.booleans(), int64)
 memories = st.builds(ScaleMemory, st.lists(st.tuples(int64, int64), max_size=5).map(tuple), int64, int64, int64, int64)
 
 SINGLE: dict[str, st.SearchStrategy[Any]] = {
-    "put_tenant": st.builds(c.PutTenant, tenants),
-    "remove_tenant": st.builds(c.RemoveTenant, texts),
-    "put_deployment": st.builds(c.PutDeployment, deployments()),
-    "remove_deployment": st.builds(c.RemoveDeployment, texts),
-    "put_cluster": st.builds(c.PutCluster, clusters),
-    "set_desired": st.builds(c.SetDesired, texts, int64, int64, texts, int64),
+    "put_tenant": st.builds(c.PutTenant, tenants, int64, int64),
+    "remove_tenant": st.builds(c.RemoveTenant, texts, int64),
+    "put_deployment": st.builds(c.PutDeployment, deployments(), int64, int64),
+    "remove_deployment": st.builds(c.RemoveDeployment, texts, int64),
+    "put_cluster": st.builds(c.PutCluster, clusters, int64, int64),
+    "remove_cluster": st.builds(c.RemoveCluster, texts, int64),
+    "put_zone": st.builds(c.PutZone, zones, int64, int64),
+    "remove_zone": st.builds(c.RemoveZone, texts, int64),
+    "put_token": st.builds(c.PutToken, token_records()),
+    "remove_token": st.builds(c.RemoveToken, texts),
+    "set_desired": st.builds(c.SetDesired, texts, int64, int64, texts, int64, texts),
     "put_scale_memory": st.builds(c.PutScaleMemory, texts, memories),
     "create_instance": st.builds(c.CreateInstance, texts, texts, texts, int64),
     "transition_instance": st.builds(
@@ -196,21 +219,30 @@ def test_nested_values_are_rebuilt_with_their_types() -> None:
 
 
 def test_the_wire_format_is_pinned() -> None:
-    """Changing these bytes is a wire-format change: bump CODEC_VERSION and keep a reader for 1."""
-    assert encode(c.SetDesired(DeploymentId("chat"), 3, 1, "load ↑", 1_234)) == (
-        '{"f":{"at_ms":1234,"deployment_id":"chat","reason":"load ↑","replicas":3,"warm_pool":1},'
-        '"k":"set_desired","v":1}'
+    """Changing these bytes is a wire-format change: bump CODEC_VERSION."""
+    assert encode(c.SetDesired(DeploymentId("chat"), 3, 1, "load ↑", 1_234, "demand 2.6")) == (
+        '{"f":{"at_ms":1234,"deployment_id":"chat","message":"demand 2.6","reason":"load ↑","replicas":3,'
+        '"warm_pool":1},"k":"set_desired","v":2}'
     ).encode("utf-8")
     assert encode(c.Batch((c.TransitionInstance(InstanceId("i1"), E.DRAIN, 5, 9, True),))) == (
         b'{"f":{"commands":[{"f":{"at_ms":5,"drain_deadline_ms":9,"event":"drain","instance_id":"i1",'
-        b'"preempted":true},"k":"transition_instance"}]},"k":"batch","v":1}'
+        b'"preempted":true},"k":"transition_instance"}]},"k":"batch","v":2}'
     )
     assert encode(c.PutScaleMemory(DeploymentId("d"), ScaleMemory(((1, 2),), 0, 0, -1, -1))) == (
         b'{"f":{"deployment_id":"d","memory":{"last_scale_down_ms":-1,"last_scale_up_ms":-1,"panic_peak":0,'
-        b'"panic_until_ms":0,"recs":[[1,2]]}},"k":"put_scale_memory","v":1}'
+        b'"panic_until_ms":0,"recs":[[1,2]]}},"k":"put_scale_memory","v":2}'
     )
     assert encode(AcquireLease("n1", 4, 3_000)) == (
-        b'{"f":{"duration_ms":3000,"expected_version":4,"node":"n1"},"k":"acquire_lease","v":1}'
+        b'{"f":{"duration_ms":3000,"expected_version":4,"node":"n1"},"k":"acquire_lease","v":2}'
+    )
+    assert encode(c.PutZone(Zone(ZoneId("z1"), cordoned=True), 7, 99)) == (
+        b'{"f":{"at_ms":99,"expect_version":7,"zone":{"cordoned":true,"draining":false,"id":"z1",'
+        b'"region":"local"}},"k":"put_zone","v":2}'
+    )
+    token = TokenRecord("0123456789ab", "f" * 64, Role.TENANT, TenantId("acme"), 5, 0, "ci")
+    assert encode(c.PutToken(token)) == (
+        b'{"f":{"token":{"created_ms":5,"description":"ci","expires_ms":0,"id":"0123456789ab","role":"tenant",'
+        b'"sha256":"' + b"f" * 64 + b'","tenant":"acme"}},"k":"put_token","v":2}'
     )
 
 
@@ -332,11 +364,11 @@ def test_batch_nesting_is_bounded() -> None:
     assert info.value.path == too_deep + ".commands"
     assert f"nested more than {MAX_BATCH_DEPTH} deep" in info.value.problem
     # Decoding a hand-made payload one level deeper fails the same way.
-    inner: dict[str, Any] = {"k": "remove_tenant", "f": {"tenant_id": "a"}}
+    inner: dict[str, Any] = {"k": "remove_tenant", "f": {"tenant_id": "a", "expect_version": -1}}
     for _ in range(MAX_BATCH_DEPTH + 1):
         inner = {"k": "batch", "f": {"commands": [inner]}}
     with pytest.raises(CodecError) as info:
-        decode(dumps({"v": 1, **inner}))
+        decode(dumps({"v": CODEC_VERSION, **inner}))
     assert info.value.path == too_deep + ".commands"
 
 
@@ -390,7 +422,8 @@ def edit(doc: dict[str, Any], path: str, value: Any = ..., *, delete: bool = Fal
 
 @pytest.mark.parametrize(("payload", "path", "problem"), [
     # envelope
-    (edit(PUT_TENANT, "v", 2), "v", "unsupported codec version 2; this build reads version 1"),
+    (edit(PUT_TENANT, "v", 1), "v", "unsupported codec version 1; this build reads version 2"),
+    (edit(PUT_TENANT, "v", 3), "v", "unsupported codec version 3; this build reads version 2"),
     (edit(PUT_TENANT, "v", 0), "v", "unsupported codec version 0"),
     (edit(PUT_TENANT, "v", "1"), "v", "expected an integer, got a string"),
     (edit(PUT_TENANT, "v", True), "v", "expected an integer, got a boolean"),
@@ -484,8 +517,8 @@ def edit(doc: dict[str, Any], path: str, value: Any = ..., *, delete: bool = Fal
     # bytes
     (b"", "payload", "not valid JSON (Expecting value at line 1 column 1)"),
     (b"{", "payload", "not valid JSON"),
-    (b'{"v":1,"k":"remove_tenant","f":{"tenant_id":"a"}}x', "payload", "not valid JSON (Extra data"),
-    (b'{"v":1,"k":"remove_tenant","f":{"tenant_id":"a"}} ', "payload", "not valid JSON (Extra data"),
+    (b'{"v":2,"k":"remove_tenant","f":{"tenant_id":"a"}}x', "payload", "not valid JSON (Extra data"),
+    (b'{"v":2,"k":"remove_tenant","f":{"tenant_id":"a"}} ', "payload", "not valid JSON (Extra data"),
     (b'{"v":1,"k":"remove_tenant","f":{"tenant_id":"a",}}', "payload", "not valid JSON"),
     (b"[" * 100_000, "payload", "not valid JSON (nested too deeply)"),
     (b'{"v":1' + b"1" * 5_000 + b"}", "payload", "not valid JSON (Exceeds the limit"),
@@ -513,19 +546,19 @@ def test_the_edited_payloads_start_out_valid() -> None:
 
 
 def test_a_payload_from_a_newer_codec_fails_clearly() -> None:
-    """A node running this build must refuse version 2 entries, never guess at their meaning, even when
-    the rest of the payload would read fine as version 1."""
-    v1 = encode(c.SetDesired(DeploymentId("chat"), 2, 1, "r", 5))
-    v2 = v1.replace(b'"v":1', b'"v":2')
-    assert v2 != v1 and decode(v1)
+    """A node running this build must refuse version 3 entries, never guess at their meaning, even when
+    the rest of the payload would read fine as version 2."""
+    v2 = encode(c.SetDesired(DeploymentId("chat"), 2, 1, "r", 5))
+    v3 = v2.replace(b'"v":2', b'"v":3')
+    assert v3 != v2 and decode(v2)
     with pytest.raises(CodecError) as info:
-        decode(v2)
-    assert str(info.value) == "v: unsupported codec version 2; this build reads version 1"
-    with pytest.raises(CodecError, match="^v: unsupported codec version 2"):
-        decode(b'{"v":2,"k":"set_desired_v2","f":{"shape":"new"}}')
-    state_v2 = encode_state(ControlState(), LeaseRecord()).replace(b'"v":1', b'"v":2')
-    with pytest.raises(CodecError, match="^v: unsupported codec version 2"):
-        decode_state(state_v2)
+        decode(v3)
+    assert str(info.value) == "v: unsupported codec version 3; this build reads version 2"
+    with pytest.raises(CodecError, match="^v: unsupported codec version 3"):
+        decode(b'{"v":3,"k":"set_desired_v2","f":{"shape":"new"}}')
+    state_v3 = encode_state(ControlState(), LeaseRecord()).replace(b'"v":2', b'"v":3')
+    with pytest.raises(CodecError, match="^v: unsupported codec version 3"):
+        decode_state(state_v3)
 
 
 def test_decode_accepts_bytearray_and_memoryview() -> None:
@@ -653,6 +686,13 @@ STATE_COMMANDS = st.one_of(  # creates first: Hypothesis leans towards the first
     st.builds(c.PutBreaker, st.sampled_from(["cluster/c1", "adapter/c2", "x"]), breakers),
     st.builds(c.RemoveDeployment, st.sampled_from(DIDS)),
     st.builds(c.RemoveTenant, st.sampled_from(TIDS)),
+    st.builds(lambda z, r, co: c.PutZone(Zone(z, r, co), at_ms=7), st.sampled_from(["z1", "z2", "z3"]),
+              st.sampled_from(["eu", "us"]), st.booleans()),
+    st.builds(c.RemoveZone, st.sampled_from(["z1", "z2", "z3"])),
+    st.builds(c.RemoveCluster, st.sampled_from(CIDS)),
+    st.builds(lambda i, t: c.PutToken(TokenRecord(i, "0" * 64, Role.TENANT, t)),
+              st.sampled_from(["00000000000a", "00000000000b"]), st.sampled_from(TIDS)),
+    st.builds(c.RemoveToken, st.sampled_from(["00000000000a", "00000000000b"])),
 )
 STATE_SETUP = (
     c.PutTenant(Tenant(TenantId("acme"), 1)),
@@ -695,7 +735,8 @@ def ordered_view(state: ControlState) -> tuple[Any, ...]:
     return (
         snapshot(state),
         [list(t.items()) for t in (state.tenants, state.deployments, state.clusters, state.instances,
-                                   state.desired, state.memory, state.breakers)],
+                                   state.desired, state.memory, state.breakers, state.zones, state.tokens,
+                                   state.meta)],
         [(d, list(ids)) for d, ids in state.by_deployment.items()],
         list(state.gpus_used.items()),
         state.applied,
@@ -766,6 +807,11 @@ def built_state() -> ControlState:
         c.PutScaleMemory(DeploymentId("alpha"), ScaleMemory(((1_000, 3),), 0, 3, 5, -1)),
         c.PutBreaker("z", BreakerRecord(BreakerPhase.OPEN, 3, 1, 9_000)),
         c.PutBreaker("a", BreakerRecord()),
+        c.PutZone(Zone(ZoneId("z2"), "eu", draining=True), at_ms=12),
+        c.PutZone(Zone(ZoneId("z1")), at_ms=13),
+        c.PutCluster(Cluster(ClusterId("c1"), ZoneId("z1"), capacity={"h100": 8}, cordoned=True), at_ms=14),
+        c.PutToken(TokenRecord("00000000000b", "b" * 64, Role.ADMIN, "", 15, 0, "ops")),
+        c.PutToken(TokenRecord("00000000000a", "a" * 64, Role.TENANT, TenantId("acme"), 16, 99, "")),
     ]
     for cmd in log:
         assert apply(state, cmd).ok, cmd
@@ -781,6 +827,9 @@ def test_state_snapshot_keeps_history_in_the_indexes() -> None:
     assert list(restored.gpus_used.items()) == list(state.gpus_used.items())
     assert restored.instances["z9"].state is S.READY and restored.instances["z9"].init_method is InitMethod.COLD
     assert list(restored.breakers) == ["z", "a"] and list(restored.clusters) == ["c2", "c1"]
+    assert list(restored.zones) == ["z2", "z1"] and list(restored.tokens) == ["00000000000b", "00000000000a"]
+    assert restored.tokens["00000000000a"].role is Role.TENANT and restored.clusters["c1"].cordoned
+    assert restored.meta["cluster/c1"] == ObjectMeta(restored.applied - 2, 0, 14)
     assert restored.free_gpus(ClusterId("c2"), PoolId("a100")) == state.free_gpus(ClusterId("c2"), PoolId("a100")) == 6
 
 
@@ -798,7 +847,7 @@ def edit_state(path: str, value: Any = ..., *, delete: bool = False) -> bytes:
 
 @pytest.mark.parametrize(("payload", "path", "problem"), [
     (lambda: encode(c.RemoveTenant(TenantId("a"))), "k", "expected 'snapshot', got 'remove_tenant'"),
-    (lambda: edit_state("v", 2), "v", "unsupported codec version 2"),
+    (lambda: edit_state("v", 1), "v", "unsupported codec version 1"),
     (lambda: edit_state("f", []), "state", "expected an object, got a list"),
     (lambda: edit_state("f/breakers", delete=True), "state.breakers", "missing"),
     (lambda: edit_state("f/by_deployment", {}), "state.by_deployment", "unknown field"),
@@ -828,6 +877,14 @@ def edit_state(path: str, value: Any = ..., *, delete: bool = False) -> bytes:
     (lambda: edit_state("f/applied", "3"), "state.applied", "expected an integer, got a string"),
     (lambda: edit_state("f/lease/holder", 1), "state.lease.holder", "expected a string, got an integer"),
     (lambda: edit_state("f/lease/term", 1), "state.lease.term", "unknown field"),
+    (lambda: edit_state("f/zones", delete=True), "state.zones", "missing"),
+    (lambda: edit_state("f/zones/0/draining", "yes"), "state.zones[0].draining", "expected a boolean, got a string"),
+    (lambda: edit_state("f/tokens/0/role", "root"), "state.tokens[0].role", "unknown Role value 'root'"),
+    (lambda: edit_state("f/tokens/1/tenant", ""), "state.tokens[1].tenant", "must not be empty"),
+    (lambda: edit_state("f/tokens/0/sha256", "x"), "state.tokens[0].sha256", "must be 64 lower-case hex digits"),
+    (lambda: edit_state("f/meta/0/1/resource_version", "3"), "state.meta[0].resource_version",
+     "expected an integer, got a string"),
+    (lambda: edit_state("f/meta/0/1/etag", 1), "state.meta[0].etag", "unknown field"),
     (lambda: b"\xff", "payload", "not valid UTF-8"),
 ])  # fmt: skip
 def test_decode_state_rejects(payload: Any, path: str, problem: str) -> None:
@@ -841,7 +898,7 @@ def test_the_state_document_is_as_described() -> None:
     doc = state_doc()
     assert (doc["v"], doc["k"]) == (CODEC_VERSION, "snapshot")
     assert set(doc["f"]) == {"tenants", "deployments", "clusters", "instances", "desired", "memory", "breakers",
-                             "applied", "gpus_used_keys", "lease"}
+                             "zones", "tokens", "meta", "applied", "gpus_used_keys", "lease"}
     assert [t["id"] for t in doc["f"]["clusters"]] == ["c2", "c1"]  # insertion order, not sorted
     assert decode_state(dumps(doc))[0].applied == built_state().applied
     with pytest.raises(CodecError, match="^k: unknown command kind 'snapshot'$"):

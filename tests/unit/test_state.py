@@ -447,7 +447,7 @@ def test_nested_batch_is_rejected_but_siblings_apply() -> None:
     state = fresh()
     result = apply(state, c.Batch((c.Batch((create("i1"),)), create("i2"))))
     assert not result.ok
-    assert result.results[0] == ApplyResult(False, "batch: batches cannot be nested")
+    assert result.results[0] == ApplyResult(False, "batch: batches cannot be nested", code="malformed")
     assert result.results[1].ok
     assert InstanceId("i1") not in state.instances and InstanceId("i2") in state.instances
 
