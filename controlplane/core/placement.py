@@ -2,10 +2,11 @@
 
 :func:`place` puts ``count`` new instances of one deployment, one at a time (greedy water-filling):
 
-1. Candidates are the clusters that are **not blocked** (their breaker is open) and have at least
-   ``deployment.gpus_per_instance`` **free GPUs** (``free_gpus``, already for the deployment's pool;
-   a cluster missing from it has none). Each placement consumes the GPUs it takes, so the result
-   never exceeds the free capacity.
+1. Candidates are the clusters that are **schedulable** (:func:`schedulable`: neither the cluster
+   nor its zone record is cordoned or draining; a zone without a record is schedulable), **not
+   blocked** (their breaker is open) and have at least ``deployment.gpus_per_instance`` **free
+   GPUs** (``free_gpus``, already for the deployment's pool; a cluster missing from it has none).
+   Each placement consumes the GPUs it takes, so the result never exceeds the free capacity.
 2. Among them it picks, by this key, smallest first:
 
    * the **zone** holding the fewest instances of this deployment (existing non-terminal ones plus
@@ -17,8 +18,8 @@
    With ample capacity the zone counts therefore end up within one of each other (every zone that
    received an instance ends at most one above the emptiest candidate zone).
 3. When no candidate is left, the rest is ``unplaced`` and the :class:`PlacementOutcome` says why:
-   no clusters at all, every cluster blocked by an open breaker, or no capacity in the unblocked
-   ones. The loop ends at the latest when capacity runs out, so it is bounded by the free GPUs,
+   no clusters at all, every cluster cordoned (or draining), every schedulable cluster blocked by
+   an open breaker, or no capacity in the schedulable unblocked ones. The loop ends at the latest when capacity runs out, so it is bounded by the free GPUs,
    not by ``count``.
 
 :func:`pick_removals` orders the instances to remove on scale-in. Only non-terminal instances that
@@ -45,7 +46,7 @@ from controlplane.domain.errors import ValidationError
 from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId, ZoneId
 from controlplane.domain.instances import Instance, InstanceState
 from controlplane.domain.tenants import Deployment
-from controlplane.domain.topology import Cluster
+from controlplane.domain.topology import Cluster, Zone
 
 
 class PlacementOutcome(enum.Enum):
@@ -53,10 +54,12 @@ class PlacementOutcome(enum.Enum):
     """Every requested instance was placed (also for ``count == 0``)."""
     NO_CLUSTERS = "no_clusters"
     """No cluster was given at all."""
+    ALL_CORDONED = "all_cordoned"
+    """Every cluster is cordoned or draining (itself or through its zone)."""
     ALL_BLOCKED = "all_blocked"
-    """Every cluster is blocked by an open breaker."""
+    """Every schedulable cluster is blocked by an open breaker."""
     NO_CAPACITY = "no_capacity"
-    """The unblocked clusters have too few free GPUs for (the rest of) the instances."""
+    """The schedulable unblocked clusters have too few free GPUs for (the rest of) the instances."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +70,20 @@ class Placement:
     reason: str
     """Human-readable explanation with the numbers."""
     outcome: PlacementOutcome = PlacementOutcome.PLACED
+
+
+def schedulable(cluster: Cluster, zones: Mapping[ZoneId, Zone]) -> bool:
+    """New instances may go to ``cluster``: neither it nor its zone record is cordoned or draining
+    (a zone without a record is schedulable)."""
+    zone = zones.get(cluster.zone)
+    return cluster.schedulable and (zone is None or zone.schedulable)
+
+
+def evacuating(cluster: Cluster, zones: Mapping[ZoneId, Zone]) -> bool:
+    """``cluster``'s instances are to be replaced elsewhere, then drained: the cluster or its zone
+    record is draining."""
+    zone = zones.get(cluster.zone)
+    return cluster.draining or (zone is not None and zone.draining)
 
 
 def _check_count(count: object) -> int:
@@ -98,19 +115,23 @@ def _spread_counts(
     return per_zone, per_cluster
 
 
-def _shortfall(placed: int, count: int, n_clusters: int, n_blocked: int, need: int) -> Placement:
+def _shortfall(placed: int, count: int, n_clusters: int, n_cordoned: int, n_blocked: int, need: int) -> Placement:
     unplaced = count - placed
     if unplaced == 0:
         return Placement((), 0, f"placed {count} of {count}", PlacementOutcome.PLACED)
     head = f"placed {placed} of {count}, {unplaced} unplaced: "
     if n_clusters == 0:
         return Placement((), unplaced, head + "no clusters", PlacementOutcome.NO_CLUSTERS)
-    if n_blocked == n_clusters:
-        why = f"all {n_clusters} clusters are blocked by open breakers"
+    if n_cordoned == n_clusters:
+        why = f"all {n_clusters} clusters are cordoned or draining"
+        return Placement((), unplaced, head + why, PlacementOutcome.ALL_CORDONED)
+    cordoned = f", {n_cordoned} cordoned or draining" if n_cordoned else ""
+    if n_blocked == n_clusters - n_cordoned:
+        why = f"all {n_blocked} {'schedulable ' if n_cordoned else ''}clusters are blocked by open breakers{cordoned}"
         return Placement((), unplaced, head + why, PlacementOutcome.ALL_BLOCKED)
     why = (
-        f"no capacity: none of the {n_clusters - n_blocked} unblocked clusters has {need} free GPUs"
-        f" ({n_blocked} blocked by open breakers)"
+        f"no capacity: none of the {n_clusters - n_cordoned - n_blocked} unblocked clusters has {need} free GPUs"
+        f" ({n_blocked} blocked by open breakers{cordoned})"
     )
     return Placement((), unplaced, head + why, PlacementOutcome.NO_CAPACITY)
 
@@ -122,17 +143,20 @@ def place(
     free_gpus: Mapping[ClusterId, int],
     existing: Sequence[Instance],
     blocked: Collection[ClusterId],
+    zones: Mapping[ZoneId, Zone] | None = None,
 ) -> Placement:
     """Choose a cluster for each of ``count`` new instances of ``deployment`` (see the module doc).
 
     ``existing`` may hold instances of other deployments; only this deployment's non-terminal ones
-    count toward the spread. ``blocked`` is only tested for membership. Raises
+    count toward the spread. ``blocked`` is only tested for membership. ``zones`` holds the zone
+    records (cordon state); a zone missing from it is schedulable. Raises
     :class:`ValidationError` for a negative ``count`` or a cluster listed twice.
     """
     _check_count(count)
     need = deployment.gpus_per_instance
     ordered = _unique_clusters(clusters)
-    unblocked = [cl for cl in ordered if cl.id not in blocked]
+    open_ = [cl for cl in ordered if schedulable(cl, zones or {})]
+    unblocked = [cl for cl in open_ if cl.id not in blocked]
     free = {cl.id: max(0, free_gpus.get(cl.id, 0)) for cl in unblocked}
     per_zone, per_cluster = _spread_counts(deployment.id, existing)
     chosen: list[ClusterId] = []
@@ -148,7 +172,9 @@ def place(
         free[best.id] -= need
         per_zone[best.zone] = per_zone.get(best.zone, 0) + 1
         per_cluster[best.id] = per_cluster.get(best.id, 0) + 1
-    verdict = _shortfall(len(chosen), count, len(ordered), len(ordered) - len(unblocked), need)
+    verdict = _shortfall(
+        len(chosen), count, len(ordered), len(ordered) - len(open_), len(open_) - len(unblocked), need
+    )
     return Placement(tuple(chosen), verdict.unplaced, verdict.reason, verdict.outcome)
 
 

@@ -18,6 +18,29 @@ instances allowed from the capacity left over after every serving grant:
    (Pending cancelled, others drained), below it new ones are placed (cold starts);
 4. idle Ready instances beyond ``grant`` are put to sleep while the warm pool has room;
 5. Standby instances beyond ``warm`` are drained.
+
+**Cordon and drain.** A cluster that is cordoned or draining, or whose zone record is, gets no new
+instances (:func:`placement.schedulable`); its existing instances keep serving and the allocation
+counts only the GPUs they hold there (``_healthy_capacity``). A cluster that is *draining* (itself
+or through its zone, :func:`placement.evacuating`) is evacuated, replace first, then drain:
+
+* its instances are left out of every count above (``have`` in the allocation, ``live``,
+  ``standby``, the spread of new placements), so the steps above create (or wake) replacements on
+  schedulable clusters: a surge, within the deployment's grant;
+* its Standby instances are drained at once, its Pending ones cancelled and its Warming ones
+  drained (none of them serves anything);
+* its serving (Ready or Busy) instances leave as replacements serve. With ``ready_elsewhere`` the
+  deployment's Ready or Busy instances outside evacuating clusters that stay serving this tick and
+  ``floor = max(grant, min(min_replicas, target))``: once ``ready_elsewhere >= floor`` all of them
+  are drained; before that, only ``max(0, ready_elsewhere + serving_there - max(grant, target))``
+  (the ones neither granted nor wanted any more). So one leaves per replacement that serves, the
+  serving count never drops below the grant or the guaranteed minimum because of an evacuation,
+  and if no replacement can be placed (no capacity elsewhere) the instances stay and a note says so.
+
+**Deletion.** A deployment with ``deleting`` set is decided at 0 replicas and no warm pool, its
+``min_replicas`` ignored (reason ``deleting``): its instances are drained (Pending ones cancelled).
+Once it has no instance left at all, the plan removes it (``RemoveDeployment``), like a Kubernetes
+finalizer.
 """
 
 from __future__ import annotations
@@ -31,12 +54,22 @@ from controlplane.core import placement, preemption, scaling
 from controlplane.core.signals import FilteredSignals
 from controlplane.domain import commands as c
 from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId, PoolId
-from controlplane.domain.instances import TRANSITIONS, Instance, InstanceEvent, InstanceState
+from controlplane.domain.instances import (
+    TRANSITIONS,
+    Instance,
+    InstanceEvent,
+    InstanceState,
+)
 from controlplane.domain.observations import Observations
 from controlplane.domain.profiles import PROFILES
-from controlplane.domain.records import CLOSED_BREAKER, BreakerPhase, BreakerRecord
+from controlplane.domain.records import (
+    CLOSED_BREAKER,
+    BreakerPhase,
+    BreakerRecord,
+    ScaleMemory,
+)
 from controlplane.domain.state import ControlState
-from controlplane.domain.tenants import Deployment
+from controlplane.domain.tenants import Deployment, Slo
 
 S, E = InstanceState, InstanceEvent
 SERVING_BOUND = (S.PENDING, S.WARMING, S.READY, S.BUSY)
@@ -78,6 +111,29 @@ class Plan:
     """Per deployment: (id, serving replicas granted, warm-pool instances granted)."""
     notes: tuple[str, ...] = ()
     """Why something wanted could not be done this tick (no capacity, all clusters blocked...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LiveDecision:
+    """The lease holder's latest evaluation of one deployment (made every acting tick, committed or
+    not): what ``Scaling.Explain`` shows as *live*."""
+
+    at_ms: int
+    current: int
+    """Desired serving replicas the decision started from."""
+    target: int
+    """What the scaling policy asks for."""
+    granted: int
+    """What the allocation (quotas, priorities, capacity) granted."""
+    reason: str
+    message: str
+    proposals: Mapping[str, int]
+    """Per signal, the replica count its stable value asks for."""
+    panic: bool
+    signals: Mapping[str, float]
+    """The filtered signal values the decision read (:func:`signal_values`)."""
+    warm_pool: int = 0
+    """Warm-pool instances granted."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -201,6 +257,8 @@ class _Tick:
     breakers: _Breakers
     free: dict[tuple[ClusterId, PoolId], int]
     creates_left: int
+    evacuating: frozenset[ClusterId] = frozenset()
+    """Clusters being drained (themselves or through their zone): their instances are replaced."""
     commands: list[c.Command] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -213,23 +271,26 @@ def plan(
     cfg: ReconcileConfig,
 ) -> Plan:
     """Decide one tick. Pure: reads ``state``, returns the commands to commit."""
+    evacuating = frozenset(cid for cid, cl in state.clusters.items() if placement.evacuating(cl, state.zones))
     tick = _Tick(
         state, now_ms, cfg, _Breakers(state.breakers),
         {(cl.id, pool): state.free_gpus(cl.id, pool) for cl in state.clusters.values() for pool in cl.capacity},
-        cfg.max_creates_per_tick,
+        cfg.max_creates_per_tick, evacuating,
     )
     deployments = [state.deployments[k] for k in sorted(state.deployments)]
     decisions = {d.id: _decide(state, d, signals.get(d.id), now_ms) for d in deployments}
     allocation = preemption.allocate(
-        state.tenants, [_demand(state, d, decisions[d.id].target, loads) for d in deployments],
+        state.tenants, [_demand(state, d, decisions[d.id].target, loads, evacuating) for d in deployments],
         _healthy_capacity(state, tick.breakers, now_ms), now_ms,
     )
     warm = _warm_grants(state, deployments, decisions, allocation, tick.breakers, now_ms)
-    # Allocation counts serving-bound instances only (``_demand``), so victims come from those too;
-    # Standby instances are sized separately by the warm grants and drained first when they shrink.
+    # Allocation counts serving-bound instances outside evacuating clusters only (``_demand``), so
+    # victims come from those too; Standby instances are sized separately by the warm grants and
+    # drained first when they shrink.
     victims = preemption.choose_victims(
-        allocation, [i for i in state.instances.values() if i.state in SERVING_BOUND], state.tenants, loads,
-        now_ms, cfg.preemption_grace_ms,
+        allocation,
+        [i for i in state.instances.values() if i.state in SERVING_BOUND and i.cluster not in evacuating],
+        state.tenants, loads, now_ms, cfg.preemption_grace_ms,
     )
     by_dep: dict[DeploymentId, list[preemption.Victim]] = {}
     for v in victims:
@@ -238,21 +299,44 @@ def plan(
     for d in deployments:
         grant = allocation.grants[d.id].replicas if d.id in allocation.grants else decisions[d.id].target
         _record_decision(tick, d, decisions[d.id], grant, warm[d.id])
-        _converge(tick, d, grant, warm[d.id], by_dep.get(d.id, []), loads)
+        _converge(tick, d, grant, warm[d.id], by_dep.get(d.id, []), loads, decisions[d.id].target)
+        if d.deleting and next(state.instances_of(d.id), None) is None:
+            tick.commands.append(c.RemoveDeployment(d.id))  # the finalizer: nothing of it is left
         grants.append((d.id, grant, warm[d.id]))
     cmds = tick.breakers.commands() + tick.commands
     return Plan(tuple(cmds), tuple(decisions.items()), tuple(grants), tuple(tick.notes))
 
 
-def _decide(state: ControlState, d: Deployment, sig: FilteredSignals | None, now_ms: int) -> scaling.ScaleDecision:
+def current_replicas(state: ControlState, d: Deployment) -> int:
+    """The desired serving replicas the next decision starts from (``min_replicas`` before the first)."""
     desired = state.desired.get(d.id)
-    current = desired.replicas if desired is not None else d.min_replicas
+    return desired.replicas if desired is not None else d.min_replicas
+
+
+def decide(
+    d: Deployment, state: ControlState, sig: FilteredSignals | None, memory: ScaleMemory, current: int, now_ms: int
+) -> scaling.ScaleDecision:
+    """The scaling decision of ``d`` (a deployment being deleted: 0 replicas, no warm pool)."""
+    if d.deleting:
+        left = sum(1 for _ in state.instances_of(d.id))
+        return scaling.ScaleDecision(
+            0, 0, memory, scaling.ScaleReason.DELETING,
+            f"deployment is being deleted: target {current} -> 0, min_replicas {d.min_replicas} ignored, "
+            f"{left} instances left",
+        )
     profile = PROFILES.get(d.model)  # None: no token signal, the others still apply
-    return scaling.decide(d, profile, state.tenants[d.tenant].slo, sig, state.memory_of(d.id), current, now_ms)
+    tenant = state.tenants.get(d.tenant)  # None only for a dry run naming an unknown tenant
+    return scaling.decide(d, profile, tenant.slo if tenant else Slo(), sig, memory, current, now_ms)
 
 
-def _demand(state: ControlState, d: Deployment, want: int, loads: Mapping[InstanceId, float]) -> preemption.Demand:
-    live = [i for i in state.instances_of(d.id) if i.state in SERVING_BOUND]
+def _decide(state: ControlState, d: Deployment, sig: FilteredSignals | None, now_ms: int) -> scaling.ScaleDecision:
+    return decide(d, state, sig, state.memory_of(d.id), current_replicas(state, d), now_ms)
+
+
+def _demand(
+    state: ControlState, d: Deployment, want: int, loads: Mapping[InstanceId, float], evacuating: frozenset[ClusterId]
+) -> preemption.Demand:
+    live = [i for i in state.instances_of(d.id) if i.state in SERVING_BOUND and i.cluster not in evacuating]
     serving = [loads.get(i.id, 0.0) for i in live if i.state.serving]
     load = sum(serving) / len(serving) if serving else 0.0
     return preemption.Demand(deployment=d, want=want, have=len(live), load=load)
@@ -261,14 +345,21 @@ def _demand(state: ControlState, d: Deployment, want: int, loads: Mapping[Instan
 def _healthy_capacity(state: ControlState, breakers: _Breakers, now_ms: int) -> dict[PoolId, int]:
     """GPUs per pool in clusters whose cluster breaker is closed, half-open, or open with its backoff
     elapsed (the next placement there is its probe). A cluster still inside its backoff is not
-    counted, so the allocation does not promise GPUs that nothing may use."""
+    counted, so the allocation does not promise GPUs that nothing may use. Of a cordoned cluster
+    only the GPUs its instances hold count (nothing new goes there); an evacuating one counts none
+    (its instances are left out of the demands too)."""
     cap: dict[PoolId, int] = {}
     for cid in sorted(state.clusters):
         rec = breakers.get(cluster_key(cid))
         if rec.phase is BreakerPhase.OPEN and not br.probe_due(rec, now_ms):
             continue
-        for pool, n in sorted(state.clusters[cid].capacity.items()):
-            cap[pool] = cap.get(pool, 0) + n
+        cl = state.clusters[cid]
+        if placement.evacuating(cl, state.zones):
+            continue
+        open_ = placement.schedulable(cl, state.zones)
+        for pool, n in sorted(cl.capacity.items()):
+            held = n if open_ else min(n, max(0, state.gpus_used.get((cid, pool), 0)))
+            cap[pool] = cap.get(pool, 0) + held
     return cap
 
 
@@ -298,7 +389,7 @@ def _record_decision(tick: _Tick, d: Deployment, dec: scaling.ScaleDecision, gra
     old = tick.state.desired.get(d.id)
     if old is None or (old.replicas, old.warm_pool) != (grant, warm):
         reason = dec.reason.value if grant == dec.target else f"{dec.reason.value}; allocation granted {grant} of {dec.target}"
-        tick.commands.append(c.SetDesired(d.id, grant, warm, reason, tick.now_ms))
+        tick.commands.append(c.SetDesired(d.id, grant, warm, reason, tick.now_ms, message=dec.message))
     if dec.memory != tick.state.memory_of(d.id):
         tick.commands.append(c.PutScaleMemory(d.id, dec.memory))
 
@@ -310,6 +401,7 @@ def _converge(
     warm: int,
     victims: Sequence[preemption.Victim],
     loads: Mapping[InstanceId, float],
+    target: int,
 ) -> None:
     instances = [i for i in tick.state.instances_of(d.id) if not i.state.terminal]
     gone = {v.instance_id for v in victims}
@@ -317,9 +409,11 @@ def _converge(
         tick.commands.append(
             c.TransitionInstance(v.instance_id, E.DRAIN, tick.now_ms, drain_deadline_ms=v.drain_deadline_ms, preempted=True)
         )
-    live = [i for i in instances if i.state in SERVING_BOUND and i.id not in gone]
+    staying = [i for i in instances if i.id not in gone and i.cluster not in tick.evacuating]
+    moving = [i for i in instances if i.id not in gone and i.cluster in tick.evacuating]
+    live = [i for i in staying if i.state in SERVING_BOUND]
     blocked = _blocked(tick, d)
-    standby = [i for i in instances if i.state is S.STANDBY and i.id not in gone]
+    standby = [i for i in staying if i.state is S.STANDBY]
     wake = [i for i in _newest_first(standby) if i.cluster not in blocked][: max(0, grant - len(live))]
     for i in wake:
         tick.commands.append(c.TransitionInstance(i.id, E.WAKE, tick.now_ms))
@@ -336,10 +430,42 @@ def _converge(
                 deadline = tick.now_ms + tick.cfg.scale_in_grace_ms
                 tick.commands.append(c.TransitionInstance(i.id, event, tick.now_ms, drain_deadline_ms=deadline))
     elif serving_count < allowance:
-        _create(tick, d, allowance - serving_count, [i for i in instances if i.id not in gone], blocked)
+        _create(tick, d, allowance - serving_count, staying, blocked)
     slept = _sleep_surplus(tick, live, removed, grant, deficit, loads)
-    for i in sorted(standby, key=lambda i: (i.cluster not in blocked, i.created_ms, i.id))[: max(0, len(standby) + slept - warm)]:
+    for i in sorted(standby, key=lambda i: (i.cluster not in blocked, i.created_ms, i.id))[: max(0, len(standby) + len(slept) - warm)]:
         tick.commands.append(c.TransitionInstance(i.id, E.DRAIN, tick.now_ms, drain_deadline_ms=tick.now_ms))
+    if moving:
+        serving = [i for i in live if i.state.serving and i.id not in removed and i.id not in slept]
+        _evacuate(tick, d, grant, target, len(serving), moving, loads)
+
+
+def _evacuate(
+    tick: _Tick,
+    d: Deployment,
+    grant: int,
+    target: int,
+    ready_elsewhere: int,
+    moving: Sequence[Instance],
+    loads: Mapping[InstanceId, float],
+) -> None:
+    """Drain ``d``'s instances on evacuating clusters (see the module doc): the ones that serve
+    nothing at once, the serving ones as replacements serve elsewhere."""
+    now, deadline = tick.now_ms, tick.now_ms + tick.cfg.scale_in_grace_ms
+    serving = [i for i in moving if i.state.serving]
+    for i in sorted(moving, key=lambda i: i.id):
+        if i.state is S.PENDING:
+            tick.commands.append(c.TransitionInstance(i.id, E.CANCEL, now, drain_deadline_ms=deadline))
+        elif i.state in (S.WARMING, S.STANDBY):  # no request in flight: no grace needed
+            tick.commands.append(c.TransitionInstance(i.id, E.DRAIN, now, drain_deadline_ms=now))
+    floor = max(grant, min(d.min_replicas, target))
+    leave = len(serving) if ready_elsewhere >= floor else max(0, ready_elsewhere + len(serving) - max(grant, target))
+    for iid in placement.pick_removals(serving, leave, loads):
+        tick.commands.append(c.TransitionInstance(iid, E.DRAIN, now, drain_deadline_ms=deadline))
+    if leave < len(serving):
+        tick.notes.append(
+            f"{d.id}: {len(serving) - leave} of {len(serving)} serving instances on draining clusters wait for "
+            f"replacements ({ready_elsewhere} of {floor} ready elsewhere)"
+        )
 
 
 def _newest_first(instances: Iterable[Instance]) -> list[Instance]:
@@ -348,16 +474,16 @@ def _newest_first(instances: Iterable[Instance]) -> list[Instance]:
 
 def _sleep_surplus(
     tick: _Tick, live: Sequence[Instance], removed: set[InstanceId], grant: int, deficit: int, loads: Mapping[InstanceId, float]
-) -> int:
+) -> set[InstanceId]:
     """Put the least loaded serving instances beyond ``grant`` to sleep while the warm pool has
-    room (a Busy one finishes its in-flight requests first)."""
+    room (a Busy one finishes its in-flight requests first). Returns the ids put to sleep."""
     serving = [i for i in live if i.state.serving and i.id not in removed]
     surplus = len(serving) - grant
     idle = sorted(serving, key=lambda i: (i.state is not S.READY, loads.get(i.id, 0.0), -i.created_ms, i.id))
     chosen = idle[: max(0, min(deficit, surplus))]
     for i in chosen:
         tick.commands.append(c.TransitionInstance(i.id, E.SLEEP, tick.now_ms))
-    return len(chosen)
+    return {i.id for i in chosen}
 
 
 def _blocked(tick: _Tick, d: Deployment) -> set[ClusterId]:
@@ -372,10 +498,12 @@ def _blocked(tick: _Tick, d: Deployment) -> set[ClusterId]:
 def _probe_cluster(tick: _Tick, d: Deployment, blocked: set[ClusterId]) -> ClusterId | None:
     """A blocked cluster whose open breakers have all waited out their backoff: one probe may go."""
     for cid in sorted(blocked):
+        if cid not in tick.state.clusters or not placement.schedulable(tick.state.clusters[cid], tick.state.zones):
+            continue
         recs = [tick.breakers.get(k) for k in (cluster_key(cid), deployment_key(cid, d.id))]
-        if all(r.phase is BreakerPhase.CLOSED or br.probe_due(r, tick.now_ms) for r in recs):
-            if tick.free.get((cid, d.pool), 0) >= d.gpus_per_instance:
-                return cid
+        due = all(r.phase is BreakerPhase.CLOSED or br.probe_due(r, tick.now_ms) for r in recs)
+        if due and tick.free.get((cid, d.pool), 0) >= d.gpus_per_instance:
+            return cid
     return None
 
 
@@ -395,7 +523,7 @@ def _create(tick: _Tick, d: Deployment, count: int, existing: Sequence[Instance]
             rec = tick.breakers.get(key)
             if rec.phase is not BreakerPhase.CLOSED:
                 tick.breakers.put(key, br.on_probe(rec, tick.now_ms, tick.cfg.breaker))
-    placed = placement.place(d, count - len(chosen), clusters, free, existing, blocked)
+    placed = placement.place(d, count - len(chosen), clusters, free, existing, blocked, tick.state.zones)
     chosen += placed.clusters
     if placed.unplaced:
         tick.notes.append(f"{d.id}: {placed.unplaced} of {count} new instances not placed: {placed.reason}")
@@ -406,3 +534,38 @@ def _create(tick: _Tick, d: Deployment, count: int, existing: Sequence[Instance]
         tick.commands.append(c.CreateInstance(iid, d.id, cid, tick.now_ms))
         tick.free[(cid, d.pool)] = tick.free.get((cid, d.pool), 0) - d.gpus_per_instance
     tick.creates_left -= len(chosen)
+
+
+# ---------------------------------------------------------------------------------------------
+# live decisions
+
+
+def signal_values(sig: FilteredSignals | None) -> dict[str, float]:
+    """The filtered values a decision reads, flat: each stable signal by its name, the panic-window
+    means as ``panic.<name>``, and ``serving`` (the serving instances sampled). Empty without data."""
+    if sig is None:
+        return {}
+    out = {name: float(v) for name, v in sorted(sig.stable.items())}
+    out.update({f"panic.{name}": float(v) for name, v in sorted(sig.panic.items())})
+    out["serving"] = float(sig.serving)
+    return out
+
+
+def live_decisions(
+    p: Plan, state: ControlState, signals: Mapping[DeploymentId, FilteredSignals | None], now_ms: int
+) -> dict[DeploymentId, LiveDecision]:
+    """One :class:`LiveDecision` per deployment of ``p``. ``state`` must be the state ``p`` was
+    planned from (before its commands are committed): ``current`` is read from it."""
+    grants = {did: (grant, warm) for did, grant, warm in p.grants}
+    out: dict[DeploymentId, LiveDecision] = {}
+    for did, dec in p.decisions:
+        d = state.deployments.get(did)
+        if d is None:
+            continue
+        granted, warm = grants.get(did, (dec.target, dec.warm_pool))
+        out[did] = LiveDecision(
+            at_ms=now_ms, current=current_replicas(state, d), target=dec.target, granted=granted,
+            reason=dec.reason.value, message=dec.message, proposals=dict(dec.proposals), panic=dec.panic,
+            signals=signal_values(signals.get(did)), warm_pool=warm,
+        )
+    return out

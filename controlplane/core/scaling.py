@@ -104,6 +104,8 @@ class ScaleReason(enum.Enum):
     AT_MIN = "at_min"
     AT_MAX = "at_max"
     SCALE_FROM_ZERO = "scale_from_zero"
+    DELETING = "deleting"
+    """Set by the planner, not by :func:`decide`: the deployment is being deleted (target 0)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,11 +283,12 @@ def _base(
         return _Stage(target, ScaleReason.SCALE_FROM_ZERO, (f"demand {max(stable, panic.demand):.2f} at 0 replicas",))
     if panic.active:
         target = max(_ceil(stable), _ceil(panic.demand), panic.peak, current)
-        return _Stage(target, ScaleReason.PANIC, (
+        note = (
             f"panic until t={panic.until_ms}ms (threshold {policy.panic_threshold}x of {max(current, 1)}): "
             f"max(stable {_ceil(stable)}, panic {_ceil(panic.demand)}, peak {panic.peak}, "
-            f"current {current}) = {target}",
-        ))
+            f"current {current}) = {target}"
+        )
+        return _Stage(target, ScaleReason.PANIC, (note,))
     return _Stage(rec, reason, (note,))
 
 

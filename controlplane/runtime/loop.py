@@ -12,6 +12,10 @@ leader needs is in the replicated state behind the :class:`~controlplane.ports.R
 
 The loop acts only while ``authority(now_ms)`` returns an epoch (the lease holder's fencing epoch);
 otherwise it gathers and filters but neither commits nor sends.
+
+Other threads (the API server) may read :attr:`ControlLoop.live_decisions` and
+:meth:`ControlLoop.signals_of`: both dicts are built anew each tick and replaced by one assignment,
+never mutated after, so a reader sees one tick's complete view.
 """
 
 from __future__ import annotations
@@ -23,13 +27,24 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from controlplane.core import breaker, reconcile, signals
+from controlplane.core.reconcile import LiveDecision
 from controlplane.domain import commands as c
 from controlplane.domain.errors import StaleEpoch, TemporaryError
 from controlplane.domain.ids import DeploymentId, InstanceId
 from controlplane.domain.instances import Instance, InstanceEvent
-from controlplane.domain.observations import InstanceReport, InstanceSample, Observations
+from controlplane.domain.observations import (
+    InstanceReport,
+    InstanceSample,
+    Observations,
+)
 from controlplane.domain.state import ApplyResult, ControlState
-from controlplane.ports import AdapterCommand, ClusterAdapter, Fence, ObservationSource, Replicator
+from controlplane.ports import (
+    AdapterCommand,
+    ClusterAdapter,
+    Fence,
+    ObservationSource,
+    Replicator,
+)
 
 ACTION_OF_EVENT = {
     InstanceEvent.WAKE: "wake",
@@ -43,6 +58,8 @@ RETRY_WINDOW_MS = 600_000
 """An undelivered sleep/drain/cancel is re-sent (same request id) for at most this long."""
 REPORT_REPLAY_MS = 120_000
 """How far back a new holder reads the adapters' lifecycle reports (their ring buffers keep ~2 min)."""
+__all__ = ["ACTION_OF_EVENT", "ControlLoop", "LiveDecision", "LoopStatistics", "TickReport"]
+
 RETRIED_ACTIONS = ("sleep", "drain", "cancel")
 """Actions re-sent until delivered. A failed create or wake is not: ``facts`` declares the
 instance lost instead, and the plan replaces it."""
@@ -99,13 +116,24 @@ class ControlLoop:
         """Fence sequence: every fence and command sent gets the next one."""
         self._requests = 0
         """Request-id counter: never reused, even for commands built but not sent."""
-        self._stats = dict(ticks=0, commits=0, commands_sent=0, send_failures=0, stale_rejections=0, replayed_epochs=0)
+        self._stats = {
+            "ticks": 0, "commits": 0, "commands_sent": 0, "send_failures": 0, "stale_rejections": 0, "replayed_epochs": 0,
+        }
         self._epoch_seen: int | None = None
         self._replayed_reports: list[InstanceReport] = []
         self.last_signals: dict[DeploymentId, signals.FilteredSignals | None] = {}
+        """The filtered signals of the latest tick (replaced whole each tick)."""
+        self.live_decisions: dict[DeploymentId, LiveDecision] = {}
+        """The latest acting tick's evaluation per deployment; empty while this loop does not act
+        (replaced whole each tick)."""
 
     def statistics(self) -> LoopStatistics:
         return LoopStatistics(**self._stats)
+
+    def signals_of(self, deployment_id: DeploymentId) -> signals.FilteredSignals | None:
+        """The latest filtered signals of a deployment (None: unknown deployment or no data yet).
+        Safe to call from another thread."""
+        return self.last_signals.get(deployment_id)
 
     def tick(self, now_ms: int) -> TickReport:
         self._stats["ticks"] += 1
@@ -124,12 +152,14 @@ class ControlLoop:
         state = self._replicator.state
         filtered, loads = self._filter(state, obs, now_ms)
         if epoch is None:
+            self.live_decisions = {}
             return TickReport(now_ms, False, None, 0, 0, 0)
         facts = reconcile.facts(state, obs, self._failures, now_ms, self._cfg, self._rng)
         self._failures = []
         self._commit(facts, now_ms)
         state = self._replicator.state  # a replicated state may be a copy: read it again
         plan = reconcile.plan(state, filtered, loads, now_ms, self._cfg)  # decide
+        self.live_decisions = reconcile.live_decisions(plan, state, filtered, now_ms)  # before the commit
         before = {cmd.instance_id: state.instances.get(cmd.instance_id) for cmd in plan.commands
                   if isinstance(cmd, c.TransitionInstance)}
         result = self._commit(plan.commands, now_ms)  # commit, then act
@@ -262,9 +292,9 @@ class ControlLoop:
     def _remember_failure(self, cmd: AdapterCommand, now_ms: int) -> None:
         if len(self._failures) < MAX_PENDING_FAILURES:
             self._failures.append(reconcile.SendFailure(cmd.instance.cluster, cmd.instance.id, cmd.action, now_ms))
-        if cmd.action in RETRIED_ACTIONS and cmd.request_id not in self._undelivered:
-            if len(self._undelivered) < MAX_PENDING_FAILURES:
-                self._undelivered[cmd.request_id] = (cmd, now_ms)
+        retried = cmd.action in RETRIED_ACTIONS and cmd.request_id not in self._undelivered
+        if retried and len(self._undelivered) < MAX_PENDING_FAILURES:
+            self._undelivered[cmd.request_id] = (cmd, now_ms)
 
     @staticmethod
     def _adapter_command(

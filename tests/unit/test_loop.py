@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-
-import pytest
 from dataclasses import dataclass, field
 
+import pytest
 import structlog
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
@@ -20,15 +19,36 @@ from structlog.testing import capture_logs
 from controlplane.core import reconcile as r
 from controlplane.domain import commands as c
 from controlplane.domain.errors import StaleEpoch, Unavailable
-from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId, PoolId, TenantId, ZoneId
-from controlplane.domain.instances import InitMethod, InstanceEvent, InstanceState, Transitioned
-from controlplane.domain.observations import InstanceReport, InstanceSample, Observations
+from controlplane.domain.ids import (
+    ClusterId,
+    DeploymentId,
+    InstanceId,
+    PoolId,
+    TenantId,
+    ZoneId,
+)
+from controlplane.domain.instances import (
+    InitMethod,
+    InstanceEvent,
+    InstanceState,
+    Transitioned,
+)
+from controlplane.domain.observations import (
+    InstanceReport,
+    InstanceSample,
+    Observations,
+)
 from controlplane.domain.records import BreakerPhase, BreakerRecord
 from controlplane.domain.state import ControlState, apply
 from controlplane.domain.tenants import Deployment, Engine, Tenant
 from controlplane.domain.topology import Cluster
 from controlplane.ports import AdapterCommand, Fence
-from controlplane.runtime.loop import REPORT_REPLAY_MS, ControlLoop, LoopStatistics, TickReport
+from controlplane.runtime.loop import (
+    REPORT_REPLAY_MS,
+    ControlLoop,
+    LoopStatistics,
+    TickReport,
+)
 from controlplane.runtime.replicator import LocalReplicator
 from controlplane.runtime.transitions import TRANSITIONS_METRIC, TransitionRecorder
 
@@ -523,3 +543,35 @@ def test_a_new_holder_commits_the_lifecycle_reports_its_predecessor_did_not() ->
     assert [(t.event, t.latency_ms) for t in r.transitions if t.instance_id == "i1"] == [(InstanceEvent.WARMED, 59_000)]
     loop.tick(t0 + 250)  # the replay happens once per epoch
     assert r.state.instances[InstanceId("i1")].state is S.READY
+
+
+# --- live decisions -------------------------------------------------------------------------------
+
+
+def test_an_acting_tick_records_a_live_decision_per_deployment_and_a_passive_one_clears_them() -> None:
+    holding = {"now": True}
+    rg = rig(setup(min_replicas=1), authority=lambda now_ms: EPOCH if holding["now"] else None)
+    rg.commit(c.CreateInstance(InstanceId("r1"), DeploymentId("chat"), ClusterId("c1"), T0 - 9_000))
+    rg.commit(c.TransitionInstance(InstanceId("r1"), E.START_WARMUP, T0 - 8_000),
+              c.TransitionInstance(InstanceId("r1"), E.WARMED, T0 - 7_000))
+    busy = InstanceSample(InstanceId("r1"), DeploymentId("chat"), T0, 60, 12, 0.5, 1_000.0, 5_000.0)
+    rg.source.at(T0, samples=[busy])
+
+    rep = rg.loop.tick(T0)
+    assert rep.acted and rep.plan is not None
+    live = rg.loop.live_decisions[DeploymentId("chat")]
+    (dec,) = [d for _, d in rep.plan.decisions]
+    assert (live.at_ms, live.current, live.target, live.granted) == (T0, 1, dec.target, dec.target)
+    assert dec.target == 3  # 72 requests at 24 per replica
+    assert (live.reason, live.message, live.panic) == (dec.reason.value, dec.message, dec.panic)
+    assert live.proposals == dict(dec.proposals)
+    assert live.signals["concurrency"] == 72.0 and live.signals["serving"] == 1.0
+    assert rg.loop.signals_of(DeploymentId("chat")) is rg.loop.last_signals["chat"]
+    assert rg.loop.signals_of(DeploymentId("nope")) is None
+    # The committed decision carries the same message.
+    assert rg.state.desired["chat"].replicas == 3
+
+    before = rg.loop.live_decisions
+    holding["now"] = False
+    rg.loop.tick(T0 + TICK_MS)
+    assert rg.loop.live_decisions == {} and before[DeploymentId("chat")] is live  # replaced, never mutated

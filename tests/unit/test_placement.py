@@ -12,14 +12,16 @@ from controlplane.core.placement import (
     REMOVAL_RANK,
     Placement,
     PlacementOutcome,
+    evacuating,
     pick_removals,
     place,
     removable,
+    schedulable,
 )
 from controlplane.domain.errors import ValidationError
 from controlplane.domain.instances import InitMethod, Instance, InstanceState
 from controlplane.domain.tenants import Deployment, Engine
-from controlplane.domain.topology import Cluster
+from controlplane.domain.topology import Cluster, Zone
 
 S = InstanceState
 PROPERTY = settings(max_examples=80, deadline=None)
@@ -110,10 +112,56 @@ def test_gpus_per_instance_is_consumed() -> None:
         (THREE_ZONES, {}, [], PlacementOutcome.NO_CAPACITY, "no capacity"),
     ],
 )
-def test_place_unplaced_reasons(clusters, free, blocked, outcome, needle) -> None:  # noqa: ANN001
+def test_place_unplaced_reasons(clusters, free, blocked, outcome, needle) -> None:
     got = place(dep(), 2, clusters, free, [], blocked)
     assert (got.clusters, got.unplaced, got.outcome) == ((), 2, outcome)
     assert needle in got.reason and "2 unplaced" in got.reason
+
+
+def test_cordoned_and_draining_clusters_and_zones_get_no_new_instances() -> None:
+    clusters = [
+        Cluster("a1", "za", capacity={"h100": 64}, cordoned=True),
+        Cluster("a2", "za", capacity={"h100": 64}, draining=True),
+        cl("b1", "zb"),
+        cl("c1", "zc"),
+    ]
+    free = {"a1": 9, "a2": 9, "b1": 9, "c1": 9}
+    assert place(dep(), 4, clusters, free, [], []).clusters == ("b1", "c1", "b1", "c1")
+    # A cordoned zone record takes every cluster in it out; a zone without a record is schedulable.
+    got = place(dep(), 2, clusters, free, [], [], {"zc": Zone("zc", cordoned=True)})
+    assert got.clusters == ("b1", "b1")
+    got = place(dep(), 1, clusters, free, [], [], {"zb": Zone("zb", draining=True), "zc": Zone("zc", cordoned=True)})
+    assert (got.clusters, got.outcome) == ((), PlacementOutcome.ALL_CORDONED)
+    assert got.reason == "placed 0 of 1, 1 unplaced: all 4 clusters are cordoned or draining"
+
+
+@pytest.mark.parametrize(
+    ("blocked", "free", "outcome", "reason"),
+    [
+        (["b1", "c1"], {"b1": 9, "c1": 9}, PlacementOutcome.ALL_BLOCKED,
+         "all 2 schedulable clusters are blocked by open breakers, 2 cordoned or draining"),
+        (["b1"], {"a1": 9, "a2": 9}, PlacementOutcome.NO_CAPACITY,
+         ("no capacity: none of the 1 unblocked clusters has 1 free GPUs (1 blocked by open breakers, "
+         "2 cordoned or draining)")),
+    ],
+)
+def test_unplaced_reasons_count_the_cordoned_clusters(blocked, free, outcome, reason) -> None:
+    clusters = [
+        Cluster("a1", "za", capacity={"h100": 64}, cordoned=True),
+        cl("a2", "za"),
+        cl("b1", "zb"),
+        cl("c1", "zc"),
+    ]
+    got = place(dep(), 1, clusters, free, [], blocked, {"za": Zone("za", draining=True)})
+    assert (got.outcome, got.reason) == (outcome, "placed 0 of 1, 1 unplaced: " + reason)
+
+
+def test_schedulable_and_evacuating_read_the_cluster_and_its_zone_record() -> None:
+    plain, cordoned, draining = cl("a1", "za"), Cluster("a1", "za", cordoned=True), Cluster("a1", "za", draining=True)
+    assert [schedulable(x, {}) for x in (plain, cordoned, draining)] == [True, False, False]
+    assert [evacuating(x, {}) for x in (plain, cordoned, draining)] == [False, False, True]
+    assert not schedulable(plain, {"za": Zone("za", cordoned=True)}) and not evacuating(plain, {"za": Zone("za", cordoned=True)})
+    assert evacuating(plain, {"za": Zone("za", draining=True)}) and schedulable(plain, {"zb": Zone("zb", draining=True)})
 
 
 def test_place_all_placed_reason() -> None:
@@ -132,7 +180,7 @@ def test_place_does_not_depend_on_cluster_order() -> None:
     ("count", "clusters"),
     [(-1, THREE_ZONES), (1.0, THREE_ZONES), (1, [cl("a1", "za"), cl("a1", "zb")])],
 )
-def test_place_validation(count, clusters) -> None:  # noqa: ANN001
+def test_place_validation(count, clusters) -> None:
     with pytest.raises(ValidationError):
         place(dep(), count, clusters, {}, [], [])
 
@@ -144,7 +192,7 @@ ZONES = ["za", "zb", "zc", "zd"]
 
 
 @st.composite
-def scenarios(draw: st.DrawFn, ample: bool = False):  # noqa: ANN201
+def scenarios(draw: st.DrawFn, ample: bool = False):
     n = draw(st.integers(0, 7))
     clusters = [cl(f"c{i}", draw(st.sampled_from(ZONES))) for i in range(n)]
     ids = [c.id for c in clusters]
@@ -176,7 +224,7 @@ def zone_counts(d: Deployment, clusters: list[Cluster], existing: list[Instance]
 
 @PROPERTY
 @given(scenarios())
-def test_property_capacity_blocked_and_accounting(scenario) -> None:  # noqa: ANN001
+def test_property_capacity_blocked_and_accounting(scenario) -> None:
     d, count, clusters, free, existing, blocked = scenario
     got = place(d, count, clusters, free, existing, blocked)
     assert len(got.clusters) + got.unplaced == count and got.unplaced >= 0
@@ -202,7 +250,7 @@ def test_property_capacity_blocked_and_accounting(scenario) -> None:  # noqa: AN
 
 @PROPERTY
 @given(scenarios(ample=True))
-def test_property_spread_with_ample_capacity(scenario) -> None:  # noqa: ANN001
+def test_property_spread_with_ample_capacity(scenario) -> None:
     d, count, clusters, free, existing, blocked = scenario
     got = place(d, count, clusters, free, existing, blocked)
     open_zones = sorted({c.zone for c in clusters if c.id not in blocked})

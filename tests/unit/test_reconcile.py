@@ -10,15 +10,25 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable, Mapping, Sequence
 
-
 from controlplane.core import reconcile as r
 from controlplane.core.backoff import backoff_ms
 from controlplane.core.breaker import BreakerConfig
 from controlplane.core.signals import FilteredSignals
 from controlplane.domain import commands as c
-from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId, PoolId, TenantId, ZoneId
+from controlplane.domain.ids import (
+    ClusterId,
+    DeploymentId,
+    InstanceId,
+    PoolId,
+    TenantId,
+    ZoneId,
+)
 from controlplane.domain.instances import InitMethod, InstanceEvent, InstanceState
-from controlplane.domain.observations import InstanceReport, InstanceSample, Observations
+from controlplane.domain.observations import (
+    InstanceReport,
+    InstanceSample,
+    Observations,
+)
 from controlplane.domain.records import BreakerPhase, BreakerRecord, ScaleMemory
 from controlplane.domain.state import ControlState, apply, snapshot
 from controlplane.domain.tenants import Deployment, Engine, Tenant
@@ -110,6 +120,11 @@ def run_plan(
     return r.plan(state, sig, loads or {}, now_ms, cfg)  # type: ignore[arg-type]
 
 
+def no_data(replicas: int) -> str:
+    """The message of a decision without signals (it keeps the desired count)."""
+    return f"no signal samples in the stable window; keeping {replicas} replicas"
+
+
 def instance_commands(p: r.Plan) -> list[c.Command]:
     return [x for x in p.commands if isinstance(x, (c.CreateInstance, c.TransitionInstance))]
 
@@ -147,7 +162,7 @@ def test_scale_up_spreads_new_instances_over_zones_and_records_the_grant() -> No
     assert dec.memory == memory
     ids = [f"chat-{T0}-{k}" for k in range(6)]
     assert p.commands == (
-        c.SetDesired("chat", 6, 0, "panic", T0),
+        c.SetDesired("chat", 6, 0, "panic", T0, message=dec.message),
         c.PutScaleMemory("chat", memory),
         *[c.CreateInstance(iid, "chat", cid, T0) for iid, cid in zip(ids, ["c1", "c2", "c3"] * 2)],
     )
@@ -172,8 +187,8 @@ def test_scale_up_never_exceeds_free_gpus_and_says_what_was_not_placed() -> None
         c.CreateInstance(f"chat-{T0}-{k}", "chat", cid, T0) for k, cid in enumerate(["c2", "c3", "c2", "c3"])
     ]
     assert p.notes == (
-        "chat: 2 of 6 new instances not placed: placed 4 of 6, 2 unplaced: "
-        "no capacity: none of the 3 unblocked clusters has 1 free GPUs (0 blocked by open breakers)",
+        ("chat: 2 of 6 new instances not placed: placed 4 of 6, 2 unplaced: "
+        "no capacity: none of the 3 unblocked clusters has 1 free GPUs (0 blocked by open breakers)"),
     )
     result = apply(state, c.Batch(p.commands))
     assert result.ok and all(x.ok for x in result.results)
@@ -335,7 +350,7 @@ def test_standby_beyond_the_warm_grant_is_drained_oldest_first() -> None:
     p = run_plan(state)
     assert p.grants == (("chat", 1, 1),)
     assert p.commands == (
-        c.SetDesired("chat", 1, 1, "no_data", T0),
+        c.SetDesired("chat", 1, 1, "no_data", T0, message=no_data(1)),
         move("s1", E.DRAIN, drain_deadline_ms=T0),
         move("s2", E.DRAIN, drain_deadline_ms=T0),
     )
@@ -428,9 +443,9 @@ def test_high_priority_demand_preempts_borrowed_instances_with_grace() -> None:
     deadline = T0 + CFG.preemption_grace_ms
     assert p.grants == (("hi-chat", 3, 0), ("lo-chat", 1, 0))
     assert p.commands == (
-        c.SetDesired("hi-chat", 3, 0, "no_data", T0),
+        c.SetDesired("hi-chat", 3, 0, "no_data", T0, message=no_data(3)),
         c.CreateInstance(f"hi-chat-{T0}-0", "hi-chat", "c1", T0),  # the one free GPU
-        c.SetDesired("lo-chat", 1, 0, "no_data; allocation granted 1 of 3", T0),
+        c.SetDesired("lo-chat", 1, 0, "no_data; allocation granted 1 of 3", T0, message=no_data(3)),
         move("lo-2", E.DRAIN, drain_deadline_ms=deadline, preempted=True),  # least loaded first
         move("lo-1", E.DRAIN, drain_deadline_ms=deadline, preempted=True),
     )
@@ -442,7 +457,7 @@ def test_high_priority_demand_preempts_borrowed_instances_with_grace() -> None:
     # lo keeps its guaranteed minimum.
     p2 = run_plan(state, loads=LO_LOADS, now_ms=T0 + 250)
     assert instance_commands(p2) == []
-    assert dict((d, g) for d, g, _ in p2.grants) == {"hi-chat": 3, "lo-chat": 1}
+    assert {d: g for d, g, _ in p2.grants} == {"hi-chat": 3, "lo-chat": 1}
 
     # Once drained, hi gets the freed GPUs.
     commit(state, [move("lo-1", E.DRAINED, T0 + 5_000), move("lo-2", E.DRAINED, T0 + 5_000)])
@@ -459,7 +474,7 @@ def test_guaranteed_minimums_are_never_preempted() -> None:
     commit(state, [deployment("lo-chat", "lo", min_replicas=3)])
     p = run_plan(state, loads=LO_LOADS)
     assert not [x for x in of_type(p, c.TransitionInstance) if x.event is E.DRAIN]
-    assert dict((d, g) for d, g, _ in p.grants) == {"hi-chat": 1, "lo-chat": 3}
+    assert {d: g for d, g, _ in p.grants} == {"hi-chat": 1, "lo-chat": 3}
 
 
 # --- facts ----------------------------------------------------------------------------------------
@@ -567,8 +582,8 @@ def test_warmup_failures_open_the_deployment_breaker_then_one_probe_then_closed(
     # While open: 3 replicas granted, nothing placed.
     p = run_plan(state, now_ms=T0 + 250)
     assert of_type(p, c.CreateInstance) == [] and of_type(p, c.PutBreaker) == []
-    assert p.notes == ("chat: 3 of 3 new instances not placed: placed 0 of 3, 3 unplaced: "
-                       "all 1 clusters are blocked by open breakers",)
+    assert p.notes == (("chat: 3 of 3 new instances not placed: placed 0 of 3, 3 unplaced: "
+                       "all 1 clusters are blocked by open breakers"),)
 
     # At open_until: exactly one probe instance, and the breaker records it (HALF_OPEN).
     now = rec.open_until_ms
