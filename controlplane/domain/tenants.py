@@ -18,6 +18,8 @@ from controlplane.domain.errors import ValidationError
 from controlplane.domain.ids import DeploymentId, PoolId, TenantId, id_problem
 
 MAX_PRIORITY = 1_000_000
+HOUR_MS = 3_600_000
+"""Upper bound of every policy and SLO duration: longer windows are configuration mistakes."""
 
 
 def check_id(field_name: str, value: object) -> None:
@@ -60,8 +62,8 @@ class Slo:
     """A request still waiting for an instance after this long is dropped (answered 503)."""
 
     def __post_init__(self) -> None:
-        check_int("slo.ttft_p99_ms", self.ttft_p99_ms, 1)
-        check_int("slo.max_queue_ms", self.max_queue_ms, 1)
+        check_int("slo.ttft_p99_ms", self.ttft_p99_ms, 1, HOUR_MS)
+        check_int("slo.max_queue_ms", self.max_queue_ms, 1, HOUR_MS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,24 +134,24 @@ class ScalingPolicy:
     """How strongly a TTFT p99 above the SLO pushes the replica count up (0 disables the signal)."""
 
     def __post_init__(self) -> None:
-        check_range("policy.target_concurrency", self.target_concurrency, 0.01)
+        check_range("policy.target_concurrency", self.target_concurrency, 0.01, 100_000)
         check_range("policy.target_kv_usage", self.target_kv_usage, 0.01, 1.0)
         check_range("policy.target_token_utilization", self.target_token_utilization, 0.01, 1.0)
         check_range("policy.tolerance", self.tolerance, 0.0, 0.9)
-        check_int("policy.stable_window_ms", self.stable_window_ms, 1_000)
-        check_int("policy.ewma_half_life_ms", self.ewma_half_life_ms, 1)
+        check_int("policy.stable_window_ms", self.stable_window_ms, 1_000, HOUR_MS)
+        check_int("policy.ewma_half_life_ms", self.ewma_half_life_ms, 1, HOUR_MS)
         check_int("policy.panic_window_ms", self.panic_window_ms, 250)
         if self.panic_window_ms > self.stable_window_ms:
             raise ValidationError(
                 "policy.panic_window_ms",
                 f"must not exceed stable_window_ms ({self.stable_window_ms}), got {self.panic_window_ms}",
             )
-        check_range("policy.panic_threshold", self.panic_threshold, 1.0)
-        check_int("policy.panic_hold_ms", self.panic_hold_ms, 0)
-        check_int("policy.scale_down_stabilization_ms", self.scale_down_stabilization_ms, 0)
-        check_int("policy.max_step_up", self.max_step_up, 1)
-        check_int("policy.max_step_down", self.max_step_down, 1)
-        check_int("policy.scale_down_cooldown_ms", self.scale_down_cooldown_ms, 0)
+        check_range("policy.panic_threshold", self.panic_threshold, 1.0, 100.0)
+        check_int("policy.panic_hold_ms", self.panic_hold_ms, 0, HOUR_MS)
+        check_int("policy.scale_down_stabilization_ms", self.scale_down_stabilization_ms, 0, HOUR_MS)
+        check_int("policy.max_step_up", self.max_step_up, 1, 100_000)
+        check_int("policy.max_step_down", self.max_step_down, 1, 100_000)
+        check_int("policy.scale_down_cooldown_ms", self.scale_down_cooldown_ms, 0, HOUR_MS)
         check_range("policy.ttft_slo_weight", self.ttft_slo_weight, 0.0, 10.0)
 
 
