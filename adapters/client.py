@@ -6,6 +6,10 @@ Clocks: adapters stamp observations with their wall clock; a coordinator decides
 recently; adding it maps an adapter time onto the coordinator's clock no later than the moment the
 batch arrived (the error is the one-way delay of the fastest recent batch, ~1 ms on a LAN), with no
 assumption that the two clocks agree.
+
+Security: both take ``token`` (sent as ``authorization: Bearer <token>`` on every call, the
+coordinator's ``adapter_token_file``) and ``ca_file`` (TLS to the adapters, verified against that
+CA). Channels come from :func:`controlplane.api.channel.open_channel`.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import structlog
 
 from adapters.service import STALE_EPOCH_METADATA
 from adapters.wire import observations_of
+from controlplane.api.channel import open_channel
 from controlplane.api.v1 import adapter_pb2, adapter_pb2_grpc
 from controlplane.domain.errors import NotFound, StaleEpoch, Unavailable, ValidationError
 from controlplane.domain.ids import DeploymentId, InstanceId
@@ -56,16 +61,38 @@ def _parse_stale(details: str) -> tuple[int, int]:
         return -1, -1
 
 
-class RemoteAdapter:
-    """``ports.FencedAdapter`` over gRPC: one channel per cluster's adapter address."""
+def _channels(addresses: Mapping[str, str], token: str | None, ca_file: str | None) -> dict[str, grpc.Channel]:
+    return {cid: open_channel(addr, ca_file=ca_file, token=token) for cid, addr in addresses.items()}
 
-    def __init__(self, addresses: Mapping[str, str], deadline_s: float = 0.5) -> None:
-        self._channels = {cid: grpc.insecure_channel(addr) for cid, addr in addresses.items()}
+
+class RemoteAdapter:
+    """``ports.FencedAdapter`` over gRPC: one channel per cluster's adapter address. ``token`` and
+    ``ca_file``: see the module docstring (a bad one raises ``ValidationError`` naming it)."""
+
+    def __init__(self, addresses: Mapping[str, str], deadline_s: float = 0.5, *, token: str | None = None,
+                 ca_file: str | None = None) -> None:
+        self._token, self._ca_file = token, ca_file
+        self._addresses = dict(addresses)
+        self._channels = _channels(addresses, token, ca_file)
         self._stubs = {cid: adapter_pb2_grpc.ClusterAdapterStub(ch) for cid, ch in self._channels.items()}
         self._deadline_s = deadline_s
 
     def clusters(self) -> list[str]:
         return sorted(self._stubs)
+
+    def ensure(self, cluster_id: str, address: str) -> bool:
+        """Reach ``cluster_id``'s adapter at ``address`` from now on (a cluster registered or moved
+        through the API). True when something changed. Called from the control loop's thread."""
+        if self._addresses.get(cluster_id) == address:
+            return False
+        channel = open_channel(address, ca_file=self._ca_file, token=self._token)
+        old = self._channels.get(cluster_id)
+        self._addresses[cluster_id] = address
+        self._channels[cluster_id] = channel
+        self._stubs[cluster_id] = adapter_pb2_grpc.ClusterAdapterStub(channel)
+        if old is not None:
+            old.close()
+        return True
 
     def close(self) -> None:
         for ch in self._channels.values():
@@ -134,10 +161,13 @@ class RemoteObservations:
     """
 
     def __init__(self, addresses: Mapping[str, str], clock_ms: Callable[[], int], *,
-                 reconnect_max_s: float = 2.0) -> None:
+                 reconnect_max_s: float = 2.0, token: str | None = None, ca_file: str | None = None) -> None:
         self._clock_ms = clock_ms
         self._reconnect_max_s = reconnect_max_s
-        self._channels = {cid: grpc.insecure_channel(addr) for cid, addr in addresses.items()}
+        self._token, self._ca_file = token, ca_file
+        self._addresses = dict(addresses)
+        self._started = False
+        self._channels = _channels(addresses, token, ca_file)
         self._stubs = {cid: adapter_pb2_grpc.ClusterAdapterStub(ch) for cid, ch in self._channels.items()}
         self._clocks = {cid: ClockMap() for cid in addresses}
         self._lock = threading.Lock()
@@ -149,12 +179,42 @@ class RemoteObservations:
         self._threads: list[threading.Thread] = []
         self.batches_received = 0
         self.connected: dict[str, bool] = {cid: False for cid in addresses}
+        self.refused: dict[str, str] = {}
+        """Clusters whose adapter refused this coordinator (UNAUTHENTICATED / PERMISSION_DENIED / TLS), with why."""
 
     def start(self) -> None:
+        self._started = True
         for cid in sorted(self._stubs):
-            t = threading.Thread(target=self._follow, args=(cid,), name=f"observe-{cid}", daemon=True)
-            t.start()
-            self._threads.append(t)
+            self._start_follower(cid)
+
+    def _start_follower(self, cid: str) -> None:
+        t = threading.Thread(target=self._follow, args=(cid,), name=f"observe-{cid}", daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def ensure(self, cluster_id: str, address: str) -> bool:
+        """Follow ``cluster_id``'s adapter at ``address`` from now on (registered or moved through the
+        API): a new cluster gets its own stream thread; a moved one reconnects to the new address.
+        True when something changed."""
+        if self._addresses.get(cluster_id) == address or self._stop.is_set():
+            return False
+        channel = open_channel(address, ca_file=self._ca_file, token=self._token)
+        with self._lock:
+            old = self._channels.get(cluster_id)
+            self._addresses[cluster_id] = address
+            self._channels[cluster_id] = channel
+            self._stubs[cluster_id] = adapter_pb2_grpc.ClusterAdapterStub(channel)
+            self._clocks.setdefault(cluster_id, ClockMap())
+            self.connected.setdefault(cluster_id, False)
+            call = self._calls.get(cluster_id)
+        if old is None:
+            if self._started:
+                self._start_follower(cluster_id)
+        else:
+            if call is not None:
+                call.cancel()  # its thread reconnects, through the new stub
+            old.close()
+        return True
 
     def close(self) -> None:
         self._stop.set()
@@ -207,8 +267,15 @@ class RemoteObservations:
         try:
             reply = self._stubs[cid].Recent(adapter_pb2.RecentRequest(cluster_id=cid, max_age_ms=0),
                                             timeout=RECENT_DEADLINE_S)
-        except grpc.RpcError:
+        except grpc.RpcError as exc:
+            if exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                why = f"{exc.code().name}: {exc.details()}"
+                if self.refused.get(cid) != why:  # once per distinct refusal, not once per retry
+                    log.error("observe_refused", cluster=cid, reason=why)
+                self.refused[cid] = why
             return False
+        if self.refused.pop(cid, None) is not None:
+            log.info("observe_accepted", cluster=cid)
         self._clocks[cid].observe(reply.now_ms, self._clock_ms())
         return True
 
@@ -243,10 +310,12 @@ class RemoteObservations:
         """The adapters' ring buffers since ``since_ms`` (local clock), oldest first; an adapter that
         does not answer within a second is skipped (logged)."""
         out: list[Observations] = []
-        for cid in sorted(self._stubs):
+        with self._lock:
+            stubs = dict(self._stubs)
+        for cid in sorted(stubs):
             asked = self._clock_ms()
             try:
-                reply = self._stubs[cid].Recent(
+                reply = stubs[cid].Recent(
                     adapter_pb2.RecentRequest(cluster_id=cid, max_age_ms=max(0, asked - since_ms)), timeout=RECENT_DEADLINE_S)
             except grpc.RpcError as exc:
                 log.warning("recent_unavailable", cluster=cid, code=exc.code().name, detail=exc.details())

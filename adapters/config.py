@@ -12,6 +12,12 @@ epoch, how often it observes, and one backend section::
     kubernetes: {...}            # adapters.kubernetes.KubernetesConfig
     simulated: {...}             # adapters.simulated.SimulatedConfig
     recording: {path: ...}       # fault tests: record every accepted command
+    auth_token_file: /run/secrets/adapter-token   # bearer token coordinators must present
+    tls: {cert_file: server.pem, key_file: server-key.pem}   # optional: serve TLS only
+
+``auth_token_file`` may be left out only when ``listen`` is a loopback address (then the adapter
+logs one warning that it is unauthenticated). Relative paths resolve against the file's folder.
+The token is read once at start; it is never logged.
 
 Errors name the file and the field (``adapter.yaml: simulated.deployments[0].model: unknown model
 profile 'x'``), like the coordinator's configuration.
@@ -28,12 +34,55 @@ from pydantic import ValidationError as PydanticValidationError
 
 from adapters.backend import Backend
 from adapters.simulated import SimulatedConfig
-from controlplane.config import ConfigError, check_address, check_id, first_problem, read_yaml_mapping
+from controlplane.config import (
+    ConfigError,
+    check_address,
+    check_id,
+    first_problem,
+    is_loopback_address,
+    read_token_file,
+    read_yaml_mapping,
+)
 
 
 class RecordingConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     path: Path
+
+
+MIN_TOKEN_LEN = 16
+
+
+class TlsConfig(BaseModel):
+    """The adapter's server certificate (PEM; chain allowed) and its private key (PEM)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    cert_file: Path
+    key_file: Path
+
+
+def read_tls_pair(tls: TlsConfig) -> tuple[bytes, bytes]:
+    """(certificate chain PEM, private key PEM), checked to parse; ValueError ``FIELD: problem``."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    out: list[bytes] = []
+    for field in ("cert_file", "key_file"):
+        path: Path = getattr(tls, field)
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise ValueError(f"tls.{field}: cannot read {str(path)!r}: {exc.strerror or exc}") from None
+        try:
+            if field == "cert_file":
+                x509.load_pem_x509_certificates(data)
+            else:
+                serialization.load_pem_private_key(data, password=None)
+        except (ValueError, TypeError):
+            what = "a PEM certificate" if field == "cert_file" else "an unencrypted PEM private key"
+            raise ValueError(f"tls.{field}: {str(path)!r} is not {what}") from None
+        out.append(data)
+    return out[0], out[1]
 
 
 class AdapterConfig(BaseModel):
@@ -52,12 +101,39 @@ class AdapterConfig(BaseModel):
     """Validated by :class:`adapters.kubernetes.KubernetesConfig` (imported only when used)."""
     simulated: SimulatedConfig | None = None
     recording: RecordingConfig | None = None
+    auth_token_file: Path | None = None
+    """A file holding the bearer token coordinators must present (their ``adapter_token_file``);
+    required unless ``listen`` is a loopback address."""
+    tls: TlsConfig | None = None
+    """Serve TLS only, with this certificate and key (coordinators then need the CA)."""
 
     @model_validator(mode="after")
     def _section_present(self) -> AdapterConfig:
         if getattr(self, self.backend) is None:
             raise ValueError(f"{self.backend}: required when backend is {self.backend!r}")
+        if self.auth_token_file is None and not is_loopback_address(self.listen):
+            raise ValueError(f"auth_token_file: required because listen {self.listen} is not a loopback address "
+                             "(anyone who reaches it could command the cluster)")
         return self
+
+    def auth_token(self) -> str | None:
+        """The token in ``auth_token_file`` (None without one); :class:`ConfigError` naming the field."""
+        if self.auth_token_file is None:
+            return None
+        try:
+            return read_token_file(self.auth_token_file, MIN_TOKEN_LEN)
+        except ValueError as exc:
+            raise ConfigError(f"auth_token_file: {exc}", field="auth_token_file") from None
+
+    def tls_pair(self) -> tuple[bytes, bytes] | None:
+        """(certificate chain PEM, private key PEM), or None without ``tls``; :class:`ConfigError`."""
+        if self.tls is None:
+            return None
+        try:
+            return read_tls_pair(self.tls)
+        except ValueError as exc:
+            field = str(exc).split(":", 1)[0]
+            raise ConfigError(str(exc), field=field) from None
 
 
 def load_adapter_config(path: str | os.PathLike[str]) -> AdapterConfig:
@@ -68,8 +144,19 @@ def load_adapter_config(path: str | os.PathLike[str]) -> AdapterConfig:
     rec = raw.get("recording")
     if isinstance(rec, dict) and isinstance(rec.get("path"), str) and not Path(rec["path"]).is_absolute():
         raw["recording"] = {**rec, "path": str(p.parent / rec["path"])}
+    if isinstance(raw.get("auth_token_file"), str) and not Path(raw["auth_token_file"]).is_absolute():
+        raw["auth_token_file"] = str(p.parent / raw["auth_token_file"])
+    tls = raw.get("tls")
+    if isinstance(tls, dict):
+        raw["tls"] = {k: str(p.parent / v) if k in ("cert_file", "key_file") and isinstance(v, str)
+                      and not Path(v).is_absolute() else v for k, v in tls.items()}
     try:
         cfg = AdapterConfig.model_validate(raw)
+        try:
+            cfg.auth_token()
+            cfg.tls_pair()
+        except ConfigError as exc:
+            raise ConfigError(f"{p}: {exc}", file=str(p), field=exc.field) from None
         if cfg.backend == "kubernetes":
             from adapters.kubernetes import KubernetesConfig
 

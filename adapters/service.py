@@ -19,10 +19,16 @@ UNAVAILABLE can be sent again under the same id; a repeated id that did apply is
 batch to every open ``Observe`` stream. ``Recent`` returns the ring buffer: a new lease holder reads
 it to rebuild its signal filters and to see lifecycle reports the previous holder may not have
 committed.
+
+**Authentication.** With a token (``auth_token_file`` in the configuration) every ``ClusterAdapter``
+call must carry ``authorization: Bearer <token>``; anything else is refused with UNAUTHENTICATED
+before the request is even parsed (:class:`BearerAuth`). Health and reflection stay open. Without a
+token the adapter listens only on a loopback address. With ``tls`` the server speaks TLS only.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import math
 import os
@@ -43,6 +49,7 @@ from grpc_reflection.v1alpha import reflection
 from adapters.backend import INSTANCE_ACTIONS, Backend, FenceToken, InstanceCommand, InstanceSpec, ScaleCommand
 from adapters.wire import batch_of
 from controlplane.api.v1 import adapter_pb2, adapter_pb2_grpc
+from controlplane.config import is_loopback_address
 from controlplane.domain.errors import (
     ControlPlaneError,
     NotFound,
@@ -63,6 +70,71 @@ MAX_STREAMS = 16
 """Open Observe streams per adapter (each holds a server thread); more get RESOURCE_EXHAUSTED."""
 STALE_EPOCH_METADATA = ("cp-error", "stale-epoch")
 SERVICE_NAME = adapter_pb2.DESCRIPTOR.services_by_name["ClusterAdapter"].full_name
+AUTHORIZATION = "authorization"
+UNAUTHENTICATED_WARNING = "adapter is unauthenticated (loopback only)"
+
+
+class BearerAuth(grpc.ServerInterceptor):
+    """Refuses every call to a method under ``/<service>/`` that lacks ``authorization: Bearer
+    <token>`` with exactly this token (constant-time comparison) with UNAUTHENTICATED. Other services
+    (health, reflection) pass. The token is never logged or echoed."""
+
+    def __init__(self, token: str, service: str = SERVICE_NAME) -> None:
+        if not token:
+            raise ValidationError("auth_token", "must not be empty")
+        self._expected = token.encode()
+        self._prefix = f"/{service}/"
+        self._lock = threading.Lock()
+        self.refused = 0
+
+    def __repr__(self) -> str:
+        return f"BearerAuth({self._prefix!r}, <token>)"
+
+    def problem(self, metadata) -> str | None:
+        """Why ``metadata`` does not authenticate, or None."""
+        values = [v for k, v in (metadata or ()) if k == AUTHORIZATION]
+        if not values:
+            return "missing 'authorization: Bearer <token>' metadata"
+        if len(values) > 1:
+            return "more than one 'authorization' metadata entry"
+        value = values[0] if isinstance(values[0], str) else values[0].decode("ascii", "replace")
+        scheme, _, presented = value.strip().partition(" ")
+        if scheme.lower() != "bearer" or not presented.strip():
+            return "the 'authorization' metadata must be 'Bearer <token>'"
+        if not hmac.compare_digest(presented.strip().encode(), self._expected):
+            return "the bearer token is not this adapter's"
+        return None
+
+    def intercept_service(self, continuation, handler_call_details):
+        if not handler_call_details.method.startswith(self._prefix):
+            return continuation(handler_call_details)
+        problem = self.problem(handler_call_details.invocation_metadata)
+        if problem is None:
+            return continuation(handler_call_details)
+        handler = continuation(handler_call_details)
+        if handler is None:  # unknown method: UNIMPLEMENTED as usual
+            return None
+        with self._lock:
+            self.refused += 1
+            count = self.refused
+        if count & (count - 1) == 0:  # the 1st, 2nd, 4th, 8th ... refusal: visible, never a flood
+            log.warning("call_unauthenticated", method=handler_call_details.method, problem=problem, refused=count)
+
+        def deny(request, context):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, problem)
+
+        def deny_stream(request, context):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, problem)
+            yield  # pragma: no cover  (abort raises)
+
+        # No request deserializer: an unauthenticated caller's bytes are never parsed.
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(deny, response_serializer=handler.response_serializer)
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(deny_stream, response_serializer=handler.response_serializer)
+        if handler.stream_unary is not None:
+            return grpc.stream_unary_rpc_method_handler(deny, response_serializer=handler.response_serializer)
+        return grpc.stream_stream_rpc_method_handler(deny_stream, response_serializer=handler.response_serializer)
 
 
 class FencingGuard:
@@ -363,6 +435,7 @@ class AdapterServer:
     health: health.HealthServicer
     port: int
     backend: Backend
+    auth: BearerAuth | None = None
 
     def stop(self, grace_s: float = 0.5) -> None:
         self.health.enter_graceful_shutdown()
@@ -374,20 +447,33 @@ class AdapterServer:
 
 def serve_adapter(cluster_id: str, address: str, state_dir: Path, backend: Backend, *,
                   observe_interval_ms: int = 250, ring_s: float = 120.0, observe: bool = True,
-                  clock_ms: Callable[[], int] = wall_ms) -> AdapterServer:
-    """Start the adapter's gRPC server (ClusterAdapter, grpc.health.v1, reflection) on ``address``."""
+                  clock_ms: Callable[[], int] = wall_ms, auth_token: str | None = None,
+                  tls: tuple[bytes, bytes] | None = None) -> AdapterServer:
+    """Start the adapter's gRPC server (ClusterAdapter, grpc.health.v1, reflection) on ``address``.
+
+    ``auth_token``: the bearer token every ClusterAdapter call must carry; None is allowed only on a
+    loopback address (one warning line says so). ``tls``: (certificate chain PEM, private key PEM)
+    to serve TLS only."""
+    if auth_token is None and not is_loopback_address(address):
+        raise ValidationError("auth_token_file", f"required: {address} is not a loopback address, so other hosts "
+                                                 "could command this cluster without it")
+    auth = BearerAuth(auth_token) if auth_token is not None else None
     state_dir.mkdir(parents=True, exist_ok=True)
     hub = ObservationHub(cluster_id, backend, interval_ms=observe_interval_ms, ring_s=ring_s, clock_ms=clock_ms) if observe else None
     guard = FencingGuard(state_dir / f"{cluster_id}.epoch.json")
     servicer = AdapterServicer(cluster_id, guard, backend, hub, clock_ms)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=MAX_STREAMS + 8, thread_name_prefix="adapter"))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=MAX_STREAMS + 8, thread_name_prefix="adapter"),
+                         interceptors=[auth] if auth is not None else [])
     adapter_pb2_grpc.add_ClusterAdapterServicer_to_server(servicer, server)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
     try:
-        port = server.add_insecure_port(address)
+        if tls is not None:
+            port = server.add_secure_port(address, grpc.ssl_server_credentials([(tls[1], tls[0])]))
+        else:
+            port = server.add_insecure_port(address)
     except RuntimeError:
         port = 0
     if port == 0:
@@ -398,5 +484,8 @@ def serve_adapter(cluster_id: str, address: str, state_dir: Path, backend: Backe
     for name in ("", SERVICE_NAME):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     log.info("adapter_started", cluster=cluster_id, address=f"{address.rsplit(':', 1)[0]}:{port}",
-             backend=type(backend).__name__, epoch=guard.epoch, observe_interval_ms=observe_interval_ms)
-    return AdapterServer(server, servicer, hub, health_servicer, port, backend)
+             backend=type(backend).__name__, epoch=guard.epoch, observe_interval_ms=observe_interval_ms,
+             authenticated=auth_token is not None, tls=tls is not None)
+    if auth_token is None:
+        log.warning(UNAUTHENTICATED_WARNING, cluster=cluster_id)
+    return AdapterServer(server, servicer, hub, health_servicer, port, backend, auth)

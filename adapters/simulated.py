@@ -90,7 +90,11 @@ class SimDeploymentConfig(BaseModel):
 class SimulatedConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     seed: int = 0
-    deployments: list[SimDeploymentConfig] = Field(min_length=1)
+    deployments: list[SimDeploymentConfig] = Field(default_factory=list)
+    default: SimDeploymentConfig | None = None
+    """Template for deployments not listed (e.g. created later through the API), with
+    ``deployment: "*"``: the first command for an unknown deployment adds it, and its load schedule
+    starts then. Without it such commands are refused with NotFound."""
 
     @model_validator(mode="after")
     def _unique(self) -> SimulatedConfig:
@@ -99,6 +103,10 @@ class SimulatedConfig(BaseModel):
             if d.deployment in seen:
                 raise ValueError(f"deployments: duplicate deployment {d.deployment!r}")
             seen.add(d.deployment)
+        if self.default is not None and self.default.deployment != "*":
+            raise ValueError(f"default.deployment: must be '*', got {self.default.deployment!r}")
+        if not self.deployments and self.default is None:
+            raise ValueError("deployments: list at least one deployment, or give a default")
         return self
 
 
@@ -124,12 +132,15 @@ class SimulatedBackend:
         self.cluster_id = ClusterId(cluster_id)
         self._clock_ms = clock_ms or wall_ms
         self._cfg = {DeploymentId(d.deployment): d for d in config.deployments}
+        self._default = config.default
         self._lock = threading.RLock()
         self._rng = random.Random(config.seed)
         self._load_rng = random.Random(config.seed + 1)
         self._heap: list[tuple[float, int, int, object]] = []
         self._seq = 0
         self._start_ms = self._clock_ms()
+        self._origin_ms: dict[DeploymentId, float] = {d: float(self._start_ms) for d in self._cfg}
+        """Where each deployment's load schedule starts (added deployments: when first commanded)."""
         self._now_ms = self._start_ms
         self._last_observe_ms = self._start_ms
         self._rid = 0
@@ -158,13 +169,14 @@ class SimulatedBackend:
 
     def _rate(self, dep: DeploymentId, t_ms: float) -> tuple[float, float]:
         """(requests/s at ``t_ms``, when that rate next changes: inf if never)."""
-        rel_s = (t_ms - self._start_ms) / 1000
+        origin = self._origin_ms[dep]
+        rel_s = (t_ms - origin) / 1000
         rate, change = 0.0, float("inf")
         for step in self._cfg[dep].load:
             if step.at_s <= rel_s:
                 rate = step.rps
             else:
-                change = self._start_ms + step.at_s * 1000
+                change = origin + step.at_s * 1000
                 break
         return rate, change
 
@@ -187,13 +199,13 @@ class SimulatedBackend:
         """Process arrivals and engine events up to ``now_ms`` in time order."""
         now_ms = max(now_ms, self._now_ms)
         for _ in range(MAX_EVENTS_PER_ADVANCE):
-            dep = min(self._next_arrival, key=lambda d: self._next_arrival[d])
-            arrival = self._next_arrival[dep]
+            dep = min(self._next_arrival, key=lambda d: self._next_arrival[d]) if self._next_arrival else None
+            arrival = self._next_arrival[dep] if dep is not None else float("inf")
             event = self._heap[0][0] if self._heap else float("inf")
             if min(arrival, event) > now_ms:
                 break
             self._expire(int(min(arrival, event)))  # in time order: a warm-up must not serve expired requests
-            if arrival <= event:
+            if dep is not None and arrival <= event:
                 self._arrive(dep, arrival)
                 self._next_arrival[dep] = self._draw_arrival(dep, arrival)
             else:
@@ -224,10 +236,9 @@ class SimulatedBackend:
     def apply(self, command: InstanceCommand, now_ms: int) -> None:
         inst = command.instance
         dep = DeploymentId(inst.deployment_id)
-        if dep not in self._cfg:
-            raise NotFound("deployment", f"{inst.deployment_id!r} is not simulated on cluster {self.cluster_id!r}")
         with self._lock:
             self._advance(now_ms)
+            self._known(dep, "deployment")
             self.fleet.execute(command.action, _Ref(InstanceId(inst.instance_id), dep, self.cluster_id, inst.gpus),
                                command.deadline_ms, self._now_ms)
 
@@ -236,10 +247,9 @@ class SimulatedBackend:
         draining; drained instances finish their requests for up to ``SCALE_DRAIN_TIMEOUT_MS``. New
         instances are named ``<deployment>-<request id>-<k>``."""
         dep = DeploymentId(command.deployment_id)
-        if dep not in self._cfg:
-            raise NotFound("deployment_id", f"{command.deployment_id!r} is not simulated on cluster {self.cluster_id!r}")
         with self._lock:
             self._advance(now_ms)
+            self._known(dep, "deployment_id")
             live = self.fleet.by_deployment[dep]
             unknown = [v for v in command.victims if v not in live]
             if unknown:
@@ -254,6 +264,20 @@ class SimulatedBackend:
                 self.fleet.execute("create", ref, 0, self._now_ms)
             for extra in active[command.replicas:] if len(active) > command.replicas else []:
                 self.fleet.execute("drain", _Ref(InstanceId(extra), dep, self.cluster_id, gpus), deadline, self._now_ms)
+
+    def _known(self, dep: DeploymentId, field: str) -> None:
+        """Refuse an unknown deployment, or add it from the ``default`` template (lock held)."""
+        if dep in self._cfg:
+            return
+        if self._default is None:
+            raise NotFound(field, f"{dep!r} is not simulated on cluster {self.cluster_id!r}")
+        cfg = self._default.model_copy(update={"deployment": dep})
+        self._cfg[dep] = cfg
+        self._origin_ms[dep] = float(self._now_ms)
+        self._stats[dep] = _Stats()
+        self._ttfts[dep] = deque(maxlen=TTFT_MEMORY)
+        self.fleet.add_deployment(dep, cfg.profile())
+        self._next_arrival[dep] = self._draw_arrival(dep, float(self._now_ms))
 
     def observe(self, now_ms: int) -> Observations:
         with self._lock:

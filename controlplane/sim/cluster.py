@@ -112,6 +112,15 @@ class SimFleet:
         self.stale_rejected = 0
 
     # -- the adapter port -------------------------------------------------------------------
+    def add_deployment(self, dep: DeploymentId, profile: ModelProfile) -> None:
+        """Serve a deployment that was not known at construction (no-op when it is)."""
+        if dep in self._profiles:
+            return
+        self._profiles[dep] = profile
+        self.by_deployment[dep] = {}
+        self.gateway[dep] = deque()
+        self.gpu_ms[dep] = 0.0
+
     def send(self, cluster_id: ClusterId, cmd: AdapterCommand, fence: Fence, now_ms: int) -> None:
         if fence.epoch < self._highest_epoch:
             self.stale_rejected += 1

@@ -128,6 +128,29 @@ def test_commands_for_an_unknown_deployment_are_not_found() -> None:
         d.do("create", "i1", deployment="d9")
 
 
+def test_a_default_template_adds_unknown_deployments_with_their_own_load_origin() -> None:
+    clock = Clock()
+    template = SimDeploymentConfig(deployment="*", cold_start_ms=COLD, warm_start_ms=WARM,
+                                   load=[LoadStep(at_s=0, rps=0), LoadStep(at_s=30, rps=50)])
+    b = SimulatedBackend("c1", SimulatedConfig(default=template), clock_ms=clock)
+    d = Driver(b, clock)
+    clock.now += 60_000  # a minute before the deployment exists: its schedule must not have started
+    d.do("create", "i1", deployment="late")
+    clock.now += 20_000
+    assert b.statistics()["late"]["arrived"] == 0  # still in the template's first 30 s
+    clock.now += 20_000
+    assert 300 <= b.statistics()["late"]["arrived"] <= 700  # ~10 s at 50 rps
+    d.observe()
+    assert ("i1", "start_warmup", T0 + 60_000) in d.reports
+
+
+def test_a_default_template_must_say_star_and_something_must_be_simulated() -> None:
+    with pytest.raises(ValueError, match="default.deployment"):
+        SimulatedConfig(default=SimDeploymentConfig(deployment="x"))
+    with pytest.raises(ValueError, match="at least one deployment"):
+        SimulatedConfig()
+
+
 def test_under_load_samples_show_work_and_tokens() -> None:
     d = Driver(*backend(dep(load=[(0, 20)])))
     d.do("create", "i1")

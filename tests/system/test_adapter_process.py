@@ -27,15 +27,17 @@ EXE = [sys.executable, "-m", "controlplane.cli.main"]
 INST = Instance("chat-1", "chat", "acme", "gpu-a1", "az-a", "h100", 1, InstanceState.PENDING, InitMethod.COLD, 0, 0)
 
 
-def start_adapter(config: Path, log: Path) -> subprocess.Popen:
-    proc = subprocess.Popen(EXE + ["adapter", "--config", str(config)], env=dict(os.environ, PYTHONPATH=str(REPO)),
+def start_adapter(config: Path | None, log: Path, args: list[str] | None = None) -> subprocess.Popen:
+    argv = ["--config", str(config)] if config is not None else list(args or [])
+    proc = subprocess.Popen(EXE + ["adapter", *argv], env=dict(os.environ, PYTHONPATH=str(REPO)),
                             stdout=subprocess.DEVNULL, stderr=open(log, "ab"))
     return proc
 
 
-def wait_serving(address: str, proc: subprocess.Popen, timeout_s: float = 20.0) -> None:
+def wait_serving(address: str, proc: subprocess.Popen, timeout_s: float = 20.0, ca_file: Path | None = None) -> None:
     deadline = time.monotonic() + timeout_s
-    with grpc.insecure_channel(address) as ch:
+    with (grpc.secure_channel(address, grpc.ssl_channel_credentials(ca_file.read_bytes())) if ca_file
+          else grpc.insecure_channel(address)) as ch:
         stub = health_pb2_grpc.HealthStub(ch)
         while time.monotonic() < deadline:
             assert proc.poll() is None, f"adapter exited with {proc.returncode}"
@@ -102,6 +104,12 @@ def test_the_highest_epoch_survives_an_adapter_restart_and_duplicates_apply_once
      "simulated.deployments[0].load: steps must be in strictly increasing at_s order"),
     ({"cluster_id": "c1", "listen": "nowhere", "state_dir": "s", "backend": "recording", "recording": {"path": "r"}},
      "listen: 'nowhere' is not 'host:port'"),
+    ({"cluster_id": "c1", "listen": "0.0.0.0:7001", "state_dir": "s", "backend": "recording", "recording": {"path": "r"}},
+     ("auth_token_file: required because listen 0.0.0.0:7001 is not a loopback address "
+      "(anyone who reaches it could command the cluster)")),
+    ({"cluster_id": "c1", "listen": "0.0.0.0:7001", "state_dir": "s", "backend": "recording", "recording": {"path": "r"},
+      "auth_token_file": "missing.token"},
+     "auth_token_file: cannot read '{dir}/missing.token': No such file or directory"),
 ])
 def test_a_bad_adapter_configuration_is_one_line_naming_the_field(tmp_path: Path, config: dict, expected: str) -> None:
     path = tmp_path / "adapter.yaml"
@@ -110,7 +118,7 @@ def test_a_bad_adapter_configuration_is_one_line_naming_the_field(tmp_path: Path
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
-    assert out.stderr.strip() == f"controlplane: error: {path}: {expected}"
+    assert out.stderr.strip() == f"controlplane: error: {path}: {expected.format(dir=tmp_path)}"
 
 
 def test_two_adapter_processes_racing_on_one_kubernetes_cluster_cannot_apply_a_stale_scale(tmp_path: Path) -> None:
@@ -178,3 +186,74 @@ def test_two_adapter_processes_racing_on_one_kubernetes_cluster_cannot_apply_a_s
         for client in clients:
             client.close()
         fake.stop()
+
+
+TOKEN = "adapter-token-0123456789abcdef"
+
+
+def test_an_adapter_on_all_interfaces_needs_the_token_and_speaks_tls(tmp_path: Path) -> None:
+    from controlplane.domain.errors import Unavailable
+    from controlplane.tls import make_dev_pki
+
+    pki = make_dev_pki(tmp_path / "pki")
+    port = free_ports(1)[0]
+    (tmp_path / "adapter.token").write_text(TOKEN + "\n")
+    (tmp_path / "adapter.token").chmod(0o600)
+    config = tmp_path / "adapter.yaml"
+    config.write_text(yaml.safe_dump({
+        "cluster_id": "gpu-a1", "listen": f"0.0.0.0:{port}", "state_dir": "state", "nvml": False, "backend": "recording",
+        "recording": {"path": "record.jsonl"}, "auth_token_file": "adapter.token",
+        "tls": {"cert_file": "pki/server.pem", "key_file": "pki/server-key.pem"},
+    }))
+    address = f"127.0.0.1:{port}"
+    good = RemoteAdapter({"gpu-a1": address}, deadline_s=5.0, token=TOKEN, ca_file=str(pki.ca_cert))
+    anonymous = RemoteAdapter({"gpu-a1": address}, deadline_s=5.0, ca_file=str(pki.ca_cert))
+    plaintext = RemoteAdapter({"gpu-a1": address}, deadline_s=2.0, token=TOKEN)
+    proc = start_adapter(config, tmp_path / "adapter.log")
+    try:
+        wait_serving(address, proc, ca_file=pki.ca_cert)
+        good.fence("gpu-a1", Fence(3, 1, "coord-a"), 0)
+        with pytest.raises(Unavailable, match="UNAUTHENTICATED"):
+            anonymous.fence("gpu-a1", Fence(4, 1, "coord-b"), 0)
+        with pytest.raises(Unavailable):
+            plaintext.fence("gpu-a1", Fence(4, 1, "coord-b"), 0)
+    finally:
+        stop(proc)
+        for c in (good, anonymous, plaintext):
+            c.close()
+    assert proc.returncode == 0
+    assert json.loads((tmp_path / "state" / "gpu-a1.epoch.json").read_text()) == {"epoch": 3, "holder": "coord-a"}
+    log = (tmp_path / "adapter.log").read_text()
+    assert TOKEN not in log and "unauthenticated (loopback only)" not in log
+    assert '"call_unauthenticated"' in log and '"authenticated": true' in log and '"tls": true' in log
+
+
+def test_the_legacy_flags_take_a_token_file_and_loopback_without_one_warns_once(tmp_path: Path) -> None:
+    from controlplane.domain.errors import Unavailable
+
+    token_file = tmp_path / "adapter.token"
+    token_file.write_text(TOKEN)
+    ports = free_ports(2)
+
+    def flags(name: str, port: int) -> list[str]:
+        return ["--cluster", "gpu-a1", "--listen", f"127.0.0.1:{port}", "--state-dir", str(tmp_path / f"state-{name}"),
+                "--record", str(tmp_path / f"{name}.jsonl")]
+
+    secured = start_adapter(None, tmp_path / "secured.log", flags("secured", ports[0]) + ["--auth-token-file", str(token_file)])
+    open_ = start_adapter(None, tmp_path / "open.log", flags("open", ports[1]))
+    clients = [RemoteAdapter({"gpu-a1": f"127.0.0.1:{p}"}, deadline_s=5.0, token=t)
+               for p, t in ((ports[0], TOKEN), (ports[0], None), (ports[1], None))]
+    try:
+        wait_serving(f"127.0.0.1:{ports[0]}", secured)
+        wait_serving(f"127.0.0.1:{ports[1]}", open_)
+        clients[0].fence("gpu-a1", Fence(2, 1, "coord-a"), 0)
+        with pytest.raises(Unavailable, match="UNAUTHENTICATED"):
+            clients[1].fence("gpu-a1", Fence(3, 1, "coord-a"), 0)
+        clients[2].fence("gpu-a1", Fence(1, 1, "coord-a"), 0)
+    finally:
+        stop(secured)
+        stop(open_)
+        for c in clients:
+            c.close()
+    assert "unauthenticated (loopback only)" not in (tmp_path / "secured.log").read_text()
+    assert (tmp_path / "open.log").read_text().count("adapter is unauthenticated (loopback only)") == 1

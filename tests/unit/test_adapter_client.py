@@ -75,10 +75,10 @@ class Adapters:
         self.servers: list[AdapterServer] = []
 
     def start(self, cluster_id: str, clock: Callable[[], int], address: str = "127.0.0.1:0",
-              backend: QueueBackend | None = None) -> tuple[AdapterServer, QueueBackend]:
+              backend: QueueBackend | None = None, **security) -> tuple[AdapterServer, QueueBackend]:
         backend = backend or QueueBackend()
         server = serve_adapter(cluster_id, address, self._tmp / f"state-{cluster_id}", backend,
-                               observe_interval_ms=60_000, ring_s=3_600, clock_ms=clock)
+                               observe_interval_ms=60_000, ring_s=3_600, clock_ms=clock, **security)
         self.servers.append(server)
         hub = server.hub
         assert hub is not None
@@ -102,8 +102,8 @@ def observations():
     """RemoteObservations factory; every one made is closed at the end."""
     made: list[RemoteObservations] = []
 
-    def make(addresses: dict[str, str], clock: Callable[[], int], start: bool = True) -> RemoteObservations:
-        obs = RemoteObservations(addresses, clock, reconnect_max_s=0.2)
+    def make(addresses: dict[str, str], clock: Callable[[], int], start: bool = True, **security) -> RemoteObservations:
+        obs = RemoteObservations(addresses, clock, reconnect_max_s=0.2, **security)
         made.append(obs)
         if start:
             obs.start()
@@ -359,3 +359,72 @@ def test_ring_buffer_batches_sent_at_connect_keep_their_age(adapters, observatio
     wait_until(lambda: obs.batches_received == 2, what="the ring buffer")
     got = obs.gather(local.now)
     assert [(r.instance_id, r.at_ms) for r in got.reports] == [("i1", old_at + OFFSET)]
+
+
+# --- authentication and TLS ---------------------------------------------------------------------------
+
+TOKEN = "adapter-token-0123456789abcdef"
+
+
+def test_observations_flow_with_the_token_over_tls(adapters, observations, tmp_path: Path) -> None:
+    from controlplane.tls import make_dev_pki
+
+    pki = make_dev_pki(tmp_path / "pki")
+    clock = FakeClock(5_000_000)
+    server, backend = adapters.start("c1", clock, auth_token=TOKEN,
+                                     tls=(pki.server_cert.read_bytes(), pki.server_key.read_bytes()))
+    local = FakeClock(5_000_000)
+    obs = observations({"c1": addr(server)}, local, token=TOKEN, ca_file=str(pki.ca_cert))
+    wait_until(lambda: obs.connected["c1"], what="the stream to connect")
+    backend.queue.append(Observations(clock.now, (sample("i1", clock.now),)))
+    pumped(obs, server)
+    assert [s.instance_id for s in obs.gather(local.now).samples] == ["i1"]
+    assert len(obs.recent(local.now - 60_000)) == 2  # Recent carries the token too
+    assert obs.refused == {} and server.auth is not None and server.auth.refused == 0
+
+
+def test_a_wrong_token_is_logged_once_and_nothing_is_received(adapters, observations) -> None:
+    from structlog.testing import capture_logs
+
+    server, _ = adapters.start("c1", FakeClock(5_000_000), auth_token=TOKEN)
+    assert server.auth is not None
+    with capture_logs() as logs:
+        obs = observations({"c1": addr(server)}, FakeClock(5_000_000), token="not-the-token-0123456789")
+        wait_until(lambda: server.auth.refused >= 3, timeout_s=10, what="three refused connection attempts")
+    assert "UNAUTHENTICATED" in obs.refused["c1"] and not obs.connected["c1"] and obs.batches_received == 0
+    refused = [e for e in logs if e["event"] == "observe_refused"]
+    assert len(refused) == 1 and refused[0]["cluster"] == "c1" and "not this adapter's" in refused[0]["reason"]
+    assert TOKEN not in repr(logs) and "not-the-token-0123456789" not in repr(logs)
+
+
+def test_a_cluster_registered_later_is_followed_and_a_moved_one_reconnects(adapters, observations, tmp_path: Path) -> None:
+    first, backend1 = adapters.start("c1", wall_ms)
+    obs = observations({}, wall_ms)  # started with no adapters at all
+    assert obs.ensure("c1", addr(first)) is True
+    assert obs.ensure("c1", addr(first)) is False  # same address: nothing to do
+    wait_until(lambda: obs.connected.get("c1") is True, what="the stream to the registered cluster")
+    backend1.queue.append(lambda now: Observations(now, (sample("i1", now),)))
+    pumped(obs, first)
+    assert [s.instance_id for s in obs.gather(wall_ms()).samples] == ["i1"]
+
+    backend2 = QueueBackend()  # the cluster's adapter moves to another address (its own state dir)
+    second = serve_adapter("c1", "127.0.0.1:0", tmp_path / "moved", backend2, observe_interval_ms=60_000,
+                           ring_s=3_600, clock_ms=wall_ms)
+    adapters.servers.append(second)
+    assert obs.ensure("c1", addr(second)) is True
+    backend2.queue.extend(lambda now: Observations(now, (sample("i2", now),)) for _ in range(1_000))
+    wait_until(lambda: (second.hub.pump(), any(s.instance_id == "i2" for s in obs.gather(wall_ms()).samples))[1],
+               what="samples from the new address")
+
+
+def test_remote_adapter_ensure_replaces_the_channel() -> None:
+    from adapters.client import RemoteAdapter
+
+    ra = RemoteAdapter({"c1": "127.0.0.1:1"})
+    try:
+        assert ra.ensure("c1", "127.0.0.1:1") is False
+        assert ra.ensure("c2", "127.0.0.1:2") is True
+        assert ra.clusters() == ["c1", "c2"]
+        assert ra.ensure("c1", "127.0.0.1:3") is True
+    finally:
+        ra.close()

@@ -39,12 +39,14 @@ SIMULATED: dict[str, Any] = {
 }
 RECORDING: dict[str, Any] = {
     "cluster_id": "c1", "listen": "0.0.0.0:7002", "state_dir": "/var/lib/adapter", "backend": "recording",
-    "recording": {"path": "records/c1.jsonl"},
+    "recording": {"path": "records/c1.jsonl"}, "auth_token_file": "adapter.token",
 }
+TOKEN = "s3cret-adapter-token-0123456789"
 
 
 def write(tmp_path: Path, data: Any, name: str = "adapter.yaml") -> Path:
     path = tmp_path / name
+    (tmp_path / "adapter.token").write_text(TOKEN + "\n")
     path.write_text(data if isinstance(data, str) else yaml.safe_dump(data), encoding="utf-8")
     return path
 
@@ -87,6 +89,7 @@ def test_relative_paths_resolve_against_the_configuration_folder(tmp_path: Path,
     assert sim.state_dir == folder / "state"
     rec = load_adapter_config(write(folder, RECORDING, "rec.yaml"))
     assert rec.recording is not None and rec.recording.path == folder / "records" / "c1.jsonl"
+    assert rec.auth_token_file == folder / "adapter.token" and rec.auth_token() == TOKEN
     assert rec.state_dir == Path("/var/lib/adapter")  # absolute paths stay as they are
     absolute = copy.deepcopy(RECORDING)
     absolute["recording"]["path"] = str(tmp_path / "abs.jsonl")
@@ -158,6 +161,63 @@ def test_the_model_is_frozen(tmp_path: Path) -> None:
     assert isinstance(cfg, AdapterConfig)
 
 
+# --- authentication and TLS ----------------------------------------------------------------------
+
+
+def test_no_token_is_allowed_on_loopback_only(tmp_path: Path) -> None:
+    for listen in ("127.0.0.1:7001", "localhost:7001", "127.0.0.2:7001"):
+        cfg = load_adapter_config(write(tmp_path, dict(SIMULATED, listen=listen)))
+        assert cfg.auth_token_file is None and cfg.auth_token() is None and cfg.tls_pair() is None
+    for listen in ("0.0.0.0:7001", "10.0.0.5:7001", "adapter.example.com:7001"):
+        err = refused(tmp_path, dict(SIMULATED, listen=listen))
+        assert err.field == "auth_token_file"
+        assert f"auth_token_file: required because listen {listen} is not a loopback address" in str(err)
+
+
+@pytest.mark.parametrize("content, problem", [
+    ("", "is empty"),
+    ("   \n", "is empty"),
+    ("short", "at least 16 characters"),
+    ("two words but long enough", "one word of printable ASCII"),
+])
+def test_a_bad_token_file_is_refused_naming_the_field_never_the_token(tmp_path: Path, content: str, problem: str) -> None:
+    path = write(tmp_path, RECORDING)
+    (tmp_path / "adapter.token").write_text(content)
+    with pytest.raises(ConfigError) as err:
+        load_adapter_config(path)
+    assert str(err.value).startswith(f"{path}: auth_token_file: ") and problem in str(err.value)
+    assert err.value.field == "auth_token_file"
+    if content.strip():
+        assert content.strip() not in str(err.value)
+
+
+def test_a_missing_token_file_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, dict(RECORDING, auth_token_file="nowhere.token"))
+    with pytest.raises(ConfigError, match="auth_token_file: cannot read") as err:
+        load_adapter_config(path)
+    assert err.value.field == "auth_token_file"
+
+
+def test_tls_files_resolve_relative_and_must_be_pem(tmp_path: Path) -> None:
+    from controlplane.tls import make_dev_pki
+
+    make_dev_pki(tmp_path / "pki")
+    cfg = load_adapter_config(write(tmp_path, dict(RECORDING, tls={"cert_file": "pki/server.pem",
+                                                                    "key_file": "pki/server-key.pem"})))
+    assert cfg.tls is not None and cfg.tls.cert_file == tmp_path / "pki" / "server.pem"
+    cert, key = cfg.tls_pair()
+    assert cert.startswith(b"-----BEGIN CERTIFICATE") and key.startswith(b"-----BEGIN PRIVATE KEY")
+    swapped = write(tmp_path, dict(RECORDING, tls={"cert_file": "pki/server-key.pem", "key_file": "pki/server-key.pem"}))
+    with pytest.raises(ConfigError, match="tls.cert_file: .* is not a PEM certificate") as err:
+        load_adapter_config(swapped)
+    assert err.value.field == "tls.cert_file"
+    missing = write(tmp_path, dict(RECORDING, tls={"cert_file": "pki/server.pem", "key_file": "pki/nope.pem"}))
+    with pytest.raises(ConfigError, match="tls.key_file: cannot read") as err:
+        load_adapter_config(missing)
+    err = refused(tmp_path, dict(RECORDING, tls={"cert_file": "pki/server.pem"}))
+    assert err.field == "tls.key_file" and "required" in str(err)
+
+
 # --- the CLI ------------------------------------------------------------------------------------------
 
 
@@ -187,6 +247,22 @@ def test_cli_refuses_a_bad_configuration_with_one_line(tmp_path: Path) -> None:
 def test_cli_refuses_config_mixed_with_cluster(tmp_path: Path) -> None:
     path = write(tmp_path, SIMULATED)
     assert_one_line_refusal(run_cli("--config", str(path), "--cluster", "c1", cwd=tmp_path), "--cluster", "--config")
+
+
+def test_cli_refuses_auth_token_file_mixed_with_config(tmp_path: Path) -> None:
+    path = write(tmp_path, SIMULATED)
+    assert_one_line_refusal(run_cli("--config", str(path), "--auth-token-file", "t", cwd=tmp_path),
+                            "--auth-token-file", "--config")
+
+
+def test_cli_legacy_flags_need_a_token_off_loopback(tmp_path: Path) -> None:
+    flags = ["--cluster", "c1", "--state-dir", str(tmp_path / "s"), "--record", str(tmp_path / "r.jsonl")]
+    assert_one_line_refusal(run_cli(*flags, "--listen", "0.0.0.0:7001", cwd=tmp_path),
+                            "--auth-token-file: required because listen 0.0.0.0:7001")
+    (tmp_path / "weak.token").write_text("weak")
+    assert_one_line_refusal(run_cli(*flags, "--listen", "0.0.0.0:7001", "--auth-token-file", str(tmp_path / "weak.token"),
+                                    cwd=tmp_path), "--auth-token-file:", "at least 16 characters")
+    assert not (tmp_path / "s").exists()
 
 
 def test_cli_reports_invalid_yaml_on_one_line(tmp_path: Path) -> None:

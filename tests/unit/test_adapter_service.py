@@ -531,3 +531,172 @@ def test_the_client_scale_call_is_fenced_and_idempotent(adapter) -> None:
     scales = [x for x in lines(record) if x["action"] == "scale"]
     assert [(x.get("replicas"), x.get("victims"), x["epoch"], x["accepted"]) for x in scales] == [
         (3, ["d1-1"], 2, True), (None, None, 1, False)]  # the stale one is recorded as refused; the invalid one not at all
+
+
+# --- authentication and TLS ---------------------------------------------------------------------------
+
+TOKEN = "adapter-token-0123456789abcdef"
+
+
+@pytest.fixture
+def secured(tmp_path: Path):
+    """An adapter that demands TOKEN, with an observation hub (one batch pumped at start)."""
+    record = tmp_path / "record.jsonl"
+    server = serve_adapter("c1", "127.0.0.1:0", tmp_path / "state", RecordingBackend(record),
+                           observe_interval_ms=60_000, auth_token=TOKEN)
+    assert server.hub is not None
+    wait_until(lambda: len(server.hub.after(0, timeout_s=0)) == 1, what="the hub thread's first pump")
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+    yield server, adapter_pb2_grpc.ClusterAdapterStub(channel), record
+    channel.close()
+    server.stop(0.1)
+
+
+FENCE_MSG = adapter_pb2.FenceToken(epoch=1, seq=1, holder="n1")
+CALLS = {
+    "Fence": lambda stub, md: stub.Fence(adapter_pb2.FenceRequest(cluster_id="c1", fence=FENCE_MSG), metadata=md, timeout=5),
+    "Apply": lambda stub, md: stub.Apply(adapter_pb2.ApplyRequest(
+        cluster_id="c1", request_id="r1", action="create", fence=FENCE_MSG,
+        instance=adapter_pb2.InstanceRef(instance_id="i1", deployment_id="d1")), metadata=md, timeout=5),
+    "Scale": lambda stub, md: stub.Scale(adapter_pb2.ScaleRequest(
+        cluster_id="c1", request_id="s1", deployment_id="d1", replicas=1, fence=FENCE_MSG), metadata=md, timeout=5),
+    "Observe": lambda stub, md: next(stub.Observe(adapter_pb2.ObserveRequest(cluster_id="c1"), metadata=md, timeout=5)),
+    "Recent": lambda stub, md: stub.Recent(adapter_pb2.RecentRequest(cluster_id="c1", max_age_ms=60_000), metadata=md,
+                                           timeout=5),
+}
+
+
+@pytest.mark.parametrize("rpc", sorted(CALLS))
+@pytest.mark.parametrize("metadata, problem", [
+    ((), "missing 'authorization: Bearer <token>'"),
+    ((("authorization", "Bearer wrong-token-0123456789abcd"),), "not this adapter's"),
+    ((("authorization", f"Bearer {TOKEN}x"),), "not this adapter's"),
+    ((("authorization", f"Bearer {TOKEN[:-1]}"),), "not this adapter's"),
+    ((("authorization", TOKEN),), "must be 'Bearer <token>'"),
+    ((("authorization", f"Basic {TOKEN}"),), "must be 'Bearer <token>'"),
+    ((("authorization", "Bearer "),), "must be 'Bearer <token>'"),
+])
+def test_every_adapter_call_without_the_right_token_is_unauthenticated(secured, rpc, metadata, problem) -> None:
+    server, stub, record = secured
+    with pytest.raises(grpc.RpcError) as err:
+        CALLS[rpc](stub, metadata)
+    assert err.value.code() is grpc.StatusCode.UNAUTHENTICATED
+    assert problem in err.value.details() and TOKEN not in err.value.details()
+    assert lines(record) == []  # nothing reached the backend, not even a refused-fence record
+    assert server.servicer.applied == 0 and server.servicer._guard.epoch == 0
+    assert server.hub is not None  # Observe/Recent gave nothing away either (they raised)
+
+
+@pytest.mark.parametrize("rpc", sorted(CALLS))
+def test_every_adapter_call_with_the_token_works(secured, rpc) -> None:
+    _, stub, _ = secured
+    CALLS[rpc](stub, (("authorization", f"Bearer {TOKEN}"),))
+    CALLS[rpc](stub, (("authorization", f"bearer {TOKEN}"),))  # the scheme is case-insensitive (RFC 7235)
+
+
+def test_the_client_sends_its_token_on_every_call(secured) -> None:
+    server, _, record = secured
+    client = RemoteAdapter({"c1": f"127.0.0.1:{server.port}"}, deadline_s=2.0, token=TOKEN)
+    try:
+        client.fence("c1", Fence(3, 1, "n1"), 0)
+        client.send("c1", AdapterCommand("r1", "create", INST), Fence(3, 2, "n1"), 0)
+        assert client.scale("c1", "s1", "d1", 2, [], Fence(3, 3, "n1")) is True
+    finally:
+        client.close()
+    assert [x["action"] for x in lines(record)] == ["fence", "create", "scale"]
+    wrong = RemoteAdapter({"c1": f"127.0.0.1:{server.port}"}, deadline_s=2.0, token="another-token-0123456789")
+    try:
+        with pytest.raises(Unavailable, match="UNAUTHENTICATED"):
+            wrong.fence("c1", Fence(4, 1, "n1"), 0)
+    finally:
+        wrong.close()
+    assert server.servicer._guard.epoch == 3
+
+
+def test_health_and_reflection_need_no_token(secured) -> None:
+    server, _, _ = secured
+    with grpc.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=2.0)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        refl = reflection_pb2_grpc.ServerReflectionStub(ch)
+        replies = list(refl.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]),
+                                                 timeout=2.0))
+        assert SERVICE_NAME in {s.name for s in replies[0].list_services_response.service}
+
+
+def test_refusals_are_logged_sparsely_and_never_with_the_token(secured) -> None:
+    from structlog.testing import capture_logs
+
+    _, stub, _ = secured
+    with capture_logs() as logs:
+        for _ in range(5):
+            with pytest.raises(grpc.RpcError):
+                CALLS["Recent"](stub, (("authorization", f"Bearer {TOKEN}-nope"),))
+    refusals = [e for e in logs if e["event"] == "call_unauthenticated"]
+    assert [e["refused"] for e in refusals] == [1, 2, 4]
+    assert refusals[0]["method"] == f"/{SERVICE_NAME}/Recent"
+    assert TOKEN not in repr(logs)
+
+
+def test_without_a_token_only_loopback_and_one_warning(tmp_path: Path) -> None:
+    from structlog.testing import capture_logs
+
+    with pytest.raises(ValidationError) as err:
+        serve_adapter("c1", "0.0.0.0:0", tmp_path / "state", RecordingBackend(tmp_path / "r.jsonl"), observe=False)
+    assert err.value.field == "auth_token_file" and "0.0.0.0:0 is not a loopback address" in str(err.value)
+    assert not (tmp_path / "state").exists()
+    with capture_logs() as logs:
+        server = serve_adapter("c1", "127.0.0.1:0", tmp_path / "state", RecordingBackend(tmp_path / "r.jsonl"), observe=False)
+    server.stop(0.1)
+    warnings = [e for e in logs if e["log_level"] == "warning"]
+    assert [e["event"] for e in warnings] == ["adapter is unauthenticated (loopback only)"]
+    with capture_logs() as logs:
+        server = serve_adapter("c1", "0.0.0.0:0", tmp_path / "state", RecordingBackend(tmp_path / "r.jsonl"), observe=False,
+                               auth_token=TOKEN)
+    server.stop(0.1)
+    assert not [e for e in logs if e["log_level"] == "warning"]
+    assert TOKEN not in repr(logs)
+
+
+@pytest.mark.parametrize("address, loopback", [
+    ("127.0.0.1:1", True), ("127.9.9.9:1", True), ("localhost:1", True), ("LOCALHOST:1", True), ("[::1]:1", True),
+    ("::1", True), ("0.0.0.0:1", False), ("10.0.0.1:1", False), ("[::]:1", False), ("example.com:1", False),
+    ("localhost.example.com:1", False),
+])
+def test_is_loopback(address: str, loopback: bool) -> None:
+    from controlplane.config import is_loopback_address as is_loopback
+
+    assert is_loopback(address) is loopback
+
+
+def test_tls_with_a_token_end_to_end_and_plaintext_is_refused(tmp_path: Path) -> None:
+    from controlplane.tls import make_dev_pki
+
+    pki = make_dev_pki(tmp_path / "pki")
+    record = tmp_path / "record.jsonl"
+    server = serve_adapter("c1", "127.0.0.1:0", tmp_path / "state", RecordingBackend(record), observe=False,
+                           auth_token=TOKEN, tls=(pki.server_cert.read_bytes(), pki.server_key.read_bytes()))
+    client = RemoteAdapter({"c1": f"127.0.0.1:{server.port}"}, deadline_s=5.0, token=TOKEN, ca_file=str(pki.ca_cert))
+    plain = RemoteAdapter({"c1": f"127.0.0.1:{server.port}"}, deadline_s=1.0, token=TOKEN)
+    other_ca = make_dev_pki(tmp_path / "other")
+    stranger = RemoteAdapter({"c1": f"127.0.0.1:{server.port}"}, deadline_s=1.0, token=TOKEN, ca_file=str(other_ca.ca_cert))
+    try:
+        client.fence("c1", Fence(2, 1, "n1"), 0)
+        with pytest.raises(Unavailable):
+            plain.fence("c1", Fence(3, 1, "n1"), 0)
+        with pytest.raises(Unavailable):  # a server certificate from another CA is not trusted
+            stranger.fence("c1", Fence(3, 1, "n1"), 0)
+    finally:
+        for c in (client, plain, stranger):
+            c.close()
+        server.stop(0.1)
+    assert [(x["action"], x["epoch"]) for x in lines(record)] == [("fence", 2)]
+
+
+def test_the_client_refuses_an_unreadable_ca_or_a_bad_token(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError) as err:
+        RemoteAdapter({"c1": "127.0.0.1:1"}, ca_file=str(tmp_path / "nope.pem"))
+    assert err.value.field == "ca_file"
+    with pytest.raises(ValidationError) as err:
+        RemoteAdapter({"c1": "127.0.0.1:1"}, token="has space")
+    assert err.value.field == "token"
