@@ -26,10 +26,19 @@ is how long a holder may act after *sending* a successful renewal):
 * ``V <= step_down_timeout`` and ``leader_fallback_timeout <= step_down_timeout``: the step-down
   timeout is the longest an isolated coordinator may keep acting (as lease holder) or keep
   believing it is the Raft leader.
+
+API security (``docs/api.md``): with ``api_tls`` the gRPC API is served over TLS (mutual TLS when
+``api_tls.client_ca_file`` is set). Without it the API is plaintext, which is accepted only when
+``api_address`` is a loopback address (127.0.0.1, localhost, ::1) or ``api_insecure: true`` says so
+explicitly. ``admin_token_file`` holds an admin bearer token (``cp_<id>_<secret>``, e.g. a mounted
+Kubernetes Secret) that the lease holder registers (hashed) if it is not in the replicated state;
+``adapter_token_file`` holds the bearer token sent to the adapters. Relative file paths are taken
+relative to the configuration file. Token files are read at load time and never logged.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -51,6 +60,7 @@ from pydantic import ValidationError as PydanticValidationError
 
 from controlplane.domain.errors import PermanentError, ValidationError
 from controlplane.domain.ids import id_problem
+from controlplane.domain.tokens import parse_token
 from controlplane.specs import DeploymentBase, TenantSpec, deployment_of, tenant_of
 
 ENV_PREFIX = "CONTROLPLANE_"
@@ -164,6 +174,72 @@ class ClusterConfig(BaseModel):
         return value
 
 
+def is_loopback_address(address: str) -> bool:
+    """Whether ``host:port`` (or a bare host) names this machine only: ``localhost``, 127.0.0.0/8 or
+    ``::1`` (bracketed or not). ``0.0.0.0`` listens on every interface, so it is not loopback."""
+    host = address.rpartition(":")[0] if address.count(":") == 1 or address.startswith("[") else address
+    host = host.strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def file_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be read, or None."""
+    try:
+        with path.open("rb") as f:
+            f.read(1)
+    except OSError as exc:
+        return f"cannot read {str(path)!r}: {exc.strerror or exc}"
+    return None
+
+
+def read_token_file(path: Path, min_len: int = 1) -> str:
+    """The bearer token in ``path`` (surrounding whitespace stripped). Raises ``ValueError`` saying
+    what is wrong with it, never with the file's content."""
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ValueError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{str(path)!r} is not UTF-8 text") from None
+    if not text:
+        raise ValueError(f"{str(path)!r} is empty")
+    if any(not 0x21 <= ord(ch) <= 0x7E for ch in text):
+        raise ValueError(f"the token in {str(path)!r} must be one word of printable ASCII (no spaces)")
+    if len(text) < min_len:
+        raise ValueError(f"the token in {str(path)!r} must be at least {min_len} characters")
+    return text
+
+
+class ApiTlsConfig(BaseModel):
+    """TLS for the coordinator's gRPC API (PEM files)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cert_file: Path
+    """The server certificate (chain) presented to clients."""
+    key_file: Path
+    """Its private key."""
+    client_ca_file: Path | None = None
+    """Mutual TLS: clients must present a certificate signed by this CA (besides their token)."""
+    ca_file: Path | None = None
+    """CA that signed the other coordinators' API certificates, used when this coordinator calls a
+    peer's API (Explain and DryRun ask the lease holder). Default: ``client_ca_file`` if set, else
+    the system's trusted roots."""
+
+    @field_validator("cert_file", "key_file", "client_ca_file", "ca_file")
+    @classmethod
+    def _readable(cls, value: Path | None) -> Path | None:
+        problem = None if value is None else file_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+
 class CoordinatorConfig(BaseModel):
     """Everything one coordinator process needs. Times are integer milliseconds."""
 
@@ -215,6 +291,14 @@ class CoordinatorConfig(BaseModel):
     fault_act_delay_ms: int = Field(0, ge=0, le=10_000)
     """Fault injection (tests only): pause between a tick's lease check and its first adapter call,
     widening the check-to-send gap that a process pause can fall into. 0 in production."""
+    api_tls: ApiTlsConfig | None = None
+    """Serve the API over TLS (required unless ``api_address`` is loopback or ``api_insecure``)."""
+    api_insecure: bool = False
+    """Allow a plaintext API on a non-loopback ``api_address`` (tokens then cross the network in clear)."""
+    admin_token_file: Path | None = None
+    """File holding an admin token (``cp_<id>_<secret>``); the lease holder registers its hash."""
+    adapter_token_file: Path | None = None
+    """File holding the bearer token sent on every call to the adapters."""
 
     _id = field_validator("node_id", "zone")(check_id)
     _addr = field_validator("raft_address", "api_address")(check_address)
@@ -224,6 +308,20 @@ class CoordinatorConfig(BaseModel):
     def _password_len(cls, value: SecretStr | None) -> SecretStr | None:
         if value is not None and len(value.get_secret_value()) < MIN_PASSWORD_LEN:
             raise ValueError(f"must be at least {MIN_PASSWORD_LEN} characters")
+        return value
+
+    @field_validator("admin_token_file")
+    @classmethod
+    def _admin_token(cls, value: Path | None) -> Path | None:
+        if value is not None and parse_token(read_token_file(value)) is None:
+            raise ValueError(f"{str(value)!r} does not hold a token of the form cp_<12 hex digits>_<43 characters>")
+        return value
+
+    @field_validator("adapter_token_file")
+    @classmethod
+    def _adapter_token(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            read_token_file(value)
         return value
 
     @field_validator("data_dir")
@@ -308,8 +406,8 @@ def cross_field_problems(cfg: CoordinatorConfig) -> list[tuple[str, str]]:
     if not aep < lft <= rmin:
         out.append((
             "leader_fallback_timeout_ms",
-            f"{lft} must be above append_entries_period_ms = {aep} and at most raft_min_timeout_ms = {rmin}, "
-            "so that an isolated leader steps down before a new one can be elected",
+            (f"{lft} must be above append_entries_period_ms = {aep} and at most raft_min_timeout_ms = {rmin}, "
+             "so that an isolated leader steps down before a new one can be elected"),
         ))
     if lft > step:
         out.append((
@@ -325,13 +423,19 @@ def cross_field_problems(cfg: CoordinatorConfig) -> list[tuple[str, str]]:
     if v <= 2 * cfg.lease_renew_ms:
         out.append((
             "lease_duration_ms",
-            f"holder validity lease_duration*(1-drift_rho)-lease_margin = {v} must exceed 2*lease_renew_ms = "
-            f"{2 * cfg.lease_renew_ms}, so a renewal can complete before the previous one expires",
+            (f"holder validity lease_duration*(1-drift_rho)-lease_margin = {v} must exceed 2*lease_renew_ms = "
+             f"{2 * cfg.lease_renew_ms}, so a renewal can complete before the previous one expires"),
         ))
     if v > step:
         out.append((
             "lease_duration_ms",
             f"lease longer than the step-down timeout allows: holder validity {v} exceeds step_down_timeout_ms = {step}",
+        ))
+    if cfg.api_tls is None and not cfg.api_insecure and not is_loopback_address(cfg.api_address):
+        out.append((
+            "api_tls",
+            (f"required: api_address {cfg.api_address!r} is not a loopback address, so the API needs TLS "
+             "(or api_insecure: true to serve it in plaintext anyway)"),
         ))
     out.extend(_uniqueness_problems(cfg))
     out.extend(_seed_problems(cfg))
@@ -384,19 +488,24 @@ def _uniqueness_problems(cfg: CoordinatorConfig) -> list[tuple[str, str]]:
 # --- loading ----------------------------------------------------------------------------------------
 
 
+_JSON_FIELDS = {"peers": "a JSON list", "api_tls": "a JSON object"}
+_FILE_FIELDS = ("password_file", "admin_token_file", "adapter_token_file")
+_TLS_FILE_FIELDS = ("cert_file", "key_file", "client_ca_file", "ca_file")
+
+
 def env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
-    """``CONTROLPLANE_<FIELD>`` values for known fields (peers as JSON)."""
+    """``CONTROLPLANE_<FIELD>`` values for known fields (peers and api_tls as JSON)."""
     out: dict[str, Any] = {}
     for name in CoordinatorConfig.model_fields:
         key = ENV_PREFIX + name.upper()
         if key not in env:
             continue
         raw = env[key]
-        if name == "peers":
+        if name in _JSON_FIELDS:
             try:
                 out[name] = json.loads(raw)
             except json.JSONDecodeError as exc:
-                raise ConfigError(f"{key}: peers must be a JSON list: {exc.msg}", field="peers") from exc
+                raise ConfigError(f"{key}: {name} must be {_JSON_FIELDS[name]}: {exc.msg}", field=name) from exc
         else:
             out[name] = raw
     return out
@@ -411,14 +520,24 @@ def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = No
         data = {**raw, **env_overrides(env)}
     except ConfigError as exc:
         raise ConfigError(f"{p}: {exc}", file=str(p), field=exc.field) from exc
-    pf = data.get("password_file")
-    if isinstance(pf, str) and pf and not Path(pf).is_absolute():
-        data["password_file"] = str(p.parent / pf)
+    for name in _FILE_FIELDS:
+        if name in data:
+            data[name] = _relative_to(p, data[name])
+    tls = data.get("api_tls")
+    if isinstance(tls, dict):
+        data["api_tls"] = {k: (_relative_to(p, v) if k in _TLS_FILE_FIELDS else v) for k, v in tls.items()}
     try:
         return CoordinatorConfig.model_validate(data)
     except PydanticValidationError as exc:
         field, problem = first_problem(exc)
         raise ConfigError(f"{p}: {field}: {problem}" if field else f"{p}: {problem}", file=str(p), field=field) from exc
+
+
+def _relative_to(config_path: Path, value: Any) -> Any:
+    """A relative file path in the configuration is taken relative to the configuration's folder."""
+    if isinstance(value, str) and value and not Path(value).is_absolute():
+        return str(config_path.parent / value)
+    return value
 
 
 def first_problem(exc: PydanticValidationError) -> tuple[str, str]:

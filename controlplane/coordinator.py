@@ -3,32 +3,42 @@
 This is the composition root for real processes (the simulator composes the same loop with
 in-process parts). Threads (see ``docs/concurrency.md``): pysyncobj's tick thread (owned by
 ``RaftNode``), the lease guard, the control loop, and gRPC's worker pool.
+
+Secrets: ``admin_token_file`` and ``adapter_token_file`` are read once at construction. The admin
+token's hash is committed by the lease holder's bootstrap when no token with its id exists (so
+revoking it through the API lasts only until the next epoch: rotate the file instead); the adapter
+token travels on every call to the adapters. Neither is ever logged.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import structlog
 from prometheus_client import CollectorRegistry
 
 from adapters.client import RemoteAdapter, RemoteObservations
-from controlplane.api.admin import ApiServer, NodeStatus, PeerStatus, serve
-from controlplane.config import CoordinatorConfig
+from controlplane.api.admin import NodeStatus, PeerStatus
+from controlplane.api.server import ApiServer, serve
+from controlplane.config import ConfigError, CoordinatorConfig, read_token_file
 from controlplane.domain import commands as c
 from controlplane.domain.errors import ControlPlaneError, TemporaryError
 from controlplane.domain.tenants import Deployment, Tenant
+from controlplane.domain.tokens import Role, TokenRecord, parse_token
 from controlplane.domain.topology import Cluster
 from controlplane.runtime.clock import wall_ms
 from controlplane.runtime.lease_guard import LeaseGuard
 from controlplane.runtime.loop import ControlLoop
 from controlplane.runtime.transitions import TransitionRecorder
 from controlplane.specs import deployment_of, tenant_of
+from controlplane.tokens import hash_secret
 from raft.node import RaftNode, dial_override_node_class
 from raft.replicator import RaftReplicator
 
@@ -57,8 +67,10 @@ class Coordinator:
         self.registry = CollectorRegistry()
         self.replicator = RaftReplicator(self.node, cfg, fence=self.guard.fence,
                                          on_transitions=TransitionRecorder(self.registry).record)
-        self.adapter = RemoteAdapter(dict(topology.adapters or {}))
-        self.observations = RemoteObservations(dict(topology.adapters or {}), wall_ms)
+        adapter_token = _token_from(cfg.adapter_token_file, "adapter_token_file")
+        self._admin_token = _admin_record(cfg)
+        self.adapter = RemoteAdapter(dict(topology.adapters or {}), token=adapter_token)
+        self.observations = RemoteObservations(dict(topology.adapters or {}), wall_ms, token=adapter_token)
         self.loop = ControlLoop(
             self.replicator, self.adapter, self.observations, rng=random.Random(),
             authority=self._authority, holder=cfg.node_id, act_delay_s=cfg.fault_act_delay_ms / 1000,
@@ -67,13 +79,15 @@ class Coordinator:
         self._stop = threading.Event()
         self._loop_thread: threading.Thread | None = None
         self._bootstrapped_epoch: int | None = None
+        self._bad_adapters: dict[str, str] = {}
+        """Cluster -> adapter address that could not be used (logged once per address)."""
 
     # --- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> None:
         self.node.start()
         self.guard.start()
         self.observations.start()  # every member follows the adapters: warm filters at failover
-        self.api = serve(self.cfg.api_address, self.status, members=self)
+        self.api = serve(self.cfg, self.node, status=self.status, members=self, holder=_HolderView(self))
         self._loop_thread = threading.Thread(target=self._run_loop, name=f"control-loop-{self.cfg.node_id}", daemon=True)
         self._loop_thread.start()
         log.info("coordinator_started", node_id=self.cfg.node_id, zone=self.cfg.zone,
@@ -99,6 +113,7 @@ class Coordinator:
             now_ms = wall_ms()
             try:
                 self._bootstrap(now_ms)
+                self._follow_adapters()
                 self.loop.tick(now_ms)
             except TemporaryError as exc:  # not leader any more, commit timed out...: next tick decides
                 log.info("tick_skipped", reason=type(exc).__name__, detail=str(exc))
@@ -114,22 +129,42 @@ class Coordinator:
         return self.guard.authority(self.node.clock_ms())
 
     def _bootstrap(self, now_ms: int) -> None:
-        """Once per epoch, the holder upserts the configured clusters (idempotent PutCluster) and
-        creates the configured tenants and deployments that do not exist yet (never overwriting
-        what the API may have changed since)."""
+        """Once per epoch, the holder creates the configured clusters, tenants and deployments that do
+        not exist yet (the configuration seeds them; afterwards the API owns them, so a new epoch never
+        reverts a capacity change, a cordon or a spec applied through it), and registers the admin
+        token of ``admin_token_file`` when no token has its id."""
         epoch = self._authority(now_ms)
         if epoch is None or epoch == self._bootstrapped_epoch:
             return
         state = self.replicator.state
-        cmds: list[c.Command] = [c.PutCluster(cl) for cl in self.topology.clusters if state.clusters.get(cl.id) != cl]
+        cmds: list[c.Command] = [c.PutCluster(cl) for cl in self.topology.clusters if cl.id not in state.clusters]
         cmds += [c.PutTenant(t) for t in self.topology.tenants if t.id not in state.tenants]
         cmds += [c.PutDeployment(d) for d in self.topology.deployments if d.id not in state.deployments]
+        if self._admin_token is not None and self._admin_token.id not in getattr(state, "tokens", {}):
+            cmds.append(c.PutToken(dataclasses.replace(self._admin_token, created_ms=now_ms)))
         if cmds:
             result = self.replicator.commit(cmds, now_ms)
             for r in result.results or (result,):
                 if not r.ok:
                     log.error("bootstrap_rejected", error=r.error)
         self._bootstrapped_epoch = epoch
+
+    def _follow_adapters(self) -> None:
+        """Reach and follow the adapter of every cluster in the replicated state: a cluster's own
+        ``adapter_address`` (registered through the API) wins over the configuration's. Every member
+        does this, so a new holder already streams from clusters registered after it started."""
+        for cl in self.replicator.state.clusters.values():
+            address = cl.adapter_address or (self.topology.adapters or {}).get(cl.id)
+            if not address:
+                continue
+            try:
+                self.adapter.ensure(cl.id, address)
+                if self.observations.ensure(cl.id, address):
+                    log.info("adapter_followed", cluster=cl.id, address=address)
+            except ControlPlaneError as exc:  # one unusable address must not stop the loop for all
+                if self._bad_adapters.get(cl.id) != address:
+                    log.error("adapter_unusable", cluster=cl.id, address=address, error=str(exc))
+                self._bad_adapters[cl.id] = address
 
     # --- membership (Admin.AddMember / RemoveMember) ----------------------------------------------
     def add_member(self, node_id: str, raft_address: str, api_address: str) -> int:
@@ -162,6 +197,45 @@ class Coordinator:
             commit_index=raft.commit_index, applied_index=raft.applied_index,
             raft_address=self.cfg.raft_address, api_address=self.cfg.api_address, peers=peers,
         )
+
+
+class _HolderView:
+    """What the API asks the lease holder's control loop (``server.HolderView``)."""
+
+    def __init__(self, coordinator: Coordinator) -> None:
+        self._c = coordinator
+
+    def holds_lease(self) -> bool:
+        return self._c.guard.authority(self._c.node.clock_ms()) is not None
+
+    def live_decision(self, deployment_id: str) -> object | None:
+        decisions = getattr(self._c.loop, "live_decisions", None) or {}
+        return decisions.get(deployment_id)
+
+    def signals_of(self, deployment_id: str) -> object | None:
+        fn = getattr(self._c.loop, "signals_of", None)
+        return None if fn is None else fn(deployment_id)
+
+
+def _token_from(path: Path | None, field: str) -> str | None:
+    if path is None:
+        return None
+    try:
+        return read_token_file(path)
+    except ValueError as exc:
+        raise ConfigError(f"{field}: {exc}", field=field) from None
+
+
+def _admin_record(cfg: CoordinatorConfig) -> TokenRecord | None:
+    """The token record of ``admin_token_file`` (its id and the hash of its secret), or None."""
+    token = _token_from(cfg.admin_token_file, "admin_token_file")
+    parsed = parse_token(token) if token is not None else None
+    if token is not None and parsed is None:
+        raise ConfigError("admin_token_file: does not hold a token of the form cp_<id>_<secret>", field="admin_token_file")
+    if parsed is None:
+        return None
+    token_id, secret = parsed
+    return TokenRecord(token_id, hash_secret(secret), Role.ADMIN, "", 0, 0, "bootstrap")
 
 
 def topology_of(cfg: CoordinatorConfig) -> Topology:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PROTO_ROOT = REPO / "proto"
-PROTOS = ("controlplane/api/v1/admin.proto", "controlplane/api/v1/adapter.proto")
+PROTOS = ("controlplane/api/v1/admin.proto", "controlplane/api/v1/adapter.proto", "controlplane/api/v1/api.proto")
 
 
 def generate(out_dir: Path) -> list[Path]:

@@ -630,11 +630,19 @@ class _Group:
 
         self.system = system
         root.mkdir(parents=True, exist_ok=True)
+        from controlplane.api.admin import Credentials
+        from controlplane.tokens import new_token
+
         nodes, _ = plan_group(3, root)
+        token = new_token()[0]  # Admin.Status needs a token: the coordinators register this one
+        (root / "admin.token").write_text(token + "\n", encoding="utf-8")
+        self.creds = Credentials(token=token)
         self.procs: list[_Proc] = []
         for n in nodes:
             data = yaml.safe_load(n.config.read_text(encoding="utf-8"))
             data.pop("clusters", None)  # no adapters in this benchmark
+            if system == "coordinator":
+                data["admin_token_file"] = str(root / "admin.token")
             n.config.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
             kind = "member" if system == "coordinator" else "bare"
             self.procs.append(_Proc(kind, n.node_id, n.config, root / f"{n.node_id}.log", n.api_address))
@@ -665,7 +673,7 @@ class _Group:
                 if not p.alive:
                     out.append(None)
                     continue
-                st = fetch_status([p.api_address], 1.0)[0]
+                st = fetch_status([p.api_address], 1.0, self.creds)[0]
                 if not st["reachable"]:
                     out.append(None)
                     continue
@@ -826,7 +834,7 @@ class _Group:
         if self.system == "coordinator":
             from controlplane.api.admin import fetch_status
 
-            st = fetch_status([p.api_address], 2.0)[0]
+            st = fetch_status([p.api_address], 2.0, self.creds)[0]
             if not st["reachable"]:
                 return {"ok": False, "error": st.get("error")}
             lease = st["lease"]

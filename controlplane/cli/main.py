@@ -53,6 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("--endpoints", required=True, metavar="HOST:PORT,...", help="API endpoints")
     st.add_argument("--json", action="store_true")
     st.add_argument("--timeout", type=float, default=3.0, help="per-endpoint deadline in seconds")
+    _add_client_auth(st)
 
     mem = sub.add_parser("members", help="add or remove a coordinator at run time (one change at a time)")
     mem.add_argument("op", choices=("add", "remove"))
@@ -60,6 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     mem.add_argument("--node-id", default="")
     mem.add_argument("--raft-address", required=True, metavar="HOST:PORT")
     mem.add_argument("--api-address", default="", metavar="HOST:PORT")
+    _add_client_auth(mem)
 
     ad = sub.add_parser("adapter", help="run a cluster adapter (Kubernetes, simulated or recording backend)",
                         description="Either --config FILE (see docs/adapters.md), or the four flags below for a "
@@ -69,6 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     ad.add_argument("--listen", metavar="HOST:PORT")
     ad.add_argument("--state-dir", metavar="DIR", help="where the highest epoch is persisted")
     ad.add_argument("--record", metavar="FILE", help="accepted commands, one JSON line each")
+    ad.add_argument("--auth-token-file", metavar="FILE",
+                    help="bearer token coordinators must present (required unless --listen is a loopback address)")
 
     bench = sub.add_parser("bench", help="benchmarks on real local processes (JSON, Markdown and PNG reports)")
     bench_sub = bench.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
@@ -78,6 +82,8 @@ def _parser() -> argparse.ArgumentParser:
     br.add_argument("--commits", type=int, default=300, help="sequential commits, and the burst size (default 300)")
     br.add_argument("--out", default="out", metavar="DIR", help="where bench-raft.md/.json/.png go (default ./out)")
 
+    sub.add_parser("token", help="create, list or revoke API tokens (as `tenantctl token`; see docs/tenantctl.md)",
+                   add_help=False)
     pr = sub.add_parser("probe", help="read one inference engine once through its driver and print the observation")
     pr.add_argument("--engine", required=True, choices=("vllm", "triton", "deepspeed-mii"))
     pr.add_argument("--url", required=True, metavar="URL", help="vLLM server, Triton HTTP port, or MII REST URL .../mii/NAME")
@@ -90,6 +96,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["token"]:  # the same code, flags and exit codes as ``tenantctl token``
+        from controlplane.cli.tenantctl import token_main
+
+        return token_main(argv[1:], prog="controlplane token")
     args = _parser().parse_args(argv)
     try:
         if args.command in _SERVICE_COMMANDS:
@@ -137,7 +148,7 @@ def _status(args: argparse.Namespace) -> int:
     endpoints = [e.strip() for e in args.endpoints.split(",") if e.strip()]
     if not endpoints:
         raise ControlPlaneError("--endpoints: give at least one HOST:PORT")
-    nodes = fetch_status(endpoints, args.timeout)
+    nodes = fetch_status(endpoints, args.timeout, _credentials(args))
     if args.json:
         print(json.dumps(nodes, indent=2, sort_keys=True))
     else:
@@ -157,11 +168,11 @@ def _adapter(args: argparse.Namespace) -> int:
 
     from adapters.config import AdapterConfig, build_backend, load_adapter_config
     from adapters.service import serve_adapter
-    from controlplane.config import first_problem
+    from controlplane.config import ConfigError, first_problem
 
     legacy = {"--cluster": args.cluster, "--listen": args.listen, "--state-dir": args.state_dir, "--record": args.record}
     if args.config:
-        given = [flag for flag, value in legacy.items() if value]
+        given = [flag for flag, value in {**legacy, "--auth-token-file": args.auth_token_file}.items() if value]
         if given:
             raise ControlPlaneError(f"adapter: {given[0]} cannot be combined with --config (set it in the file)")
         cfg = load_adapter_config(args.config)
@@ -171,16 +182,22 @@ def _adapter(args: argparse.Namespace) -> int:
             raise ControlPlaneError(f"adapter: --config FILE, or all of {', '.join(legacy)} (missing {missing[0]})")
         try:
             cfg = AdapterConfig.model_validate({"cluster_id": args.cluster, "listen": args.listen, "state_dir": args.state_dir,
-                                                "backend": "recording", "recording": {"path": args.record}})
+                                                "backend": "recording", "recording": {"path": args.record},
+                                                "auth_token_file": args.auth_token_file})
+            cfg.auth_token()
         except PydanticValidationError as exc:
             field, problem = first_problem(exc)
-            flag = {"cluster_id": "--cluster", "listen": "--listen", "state_dir": "--state-dir"}.get(field, "--record")
+            flag = {"cluster_id": "--cluster", "listen": "--listen", "state_dir": "--state-dir",
+                    "auth_token_file": "--auth-token-file"}.get(field, "--record")
             raise ControlPlaneError(f"adapter: {flag}: {problem}") from None
+        except ConfigError as exc:
+            raise ControlPlaneError(f"adapter: --auth-token-file: {str(exc).split(': ', 1)[1]}") from None
     _service_logging()
+    auth_token, tls = cfg.auth_token(), cfg.tls_pair()
     gpus = _gpu_inventory() if cfg.nvml else None
     backend = build_backend(cfg)
     server = serve_adapter(cfg.cluster_id, cfg.listen, cfg.state_dir, backend,
-                           observe_interval_ms=cfg.observe_interval_ms, ring_s=cfg.ring_s)
+                           observe_interval_ms=cfg.observe_interval_ms, ring_s=cfg.ring_s, auth_token=auth_token, tls=tls)
     stopped = _on_signals(lambda: server.stop(0.5))
     stopped.wait()
     if gpus is not None:
@@ -229,12 +246,33 @@ def _on_signals(stop):
     return done
 
 
+def _add_client_auth(parser: argparse.ArgumentParser) -> None:
+    """--token (or TENANTCTL_TOKEN) and the TLS files of a call to a coordinator's API."""
+    parser.add_argument("--token", help="bearer token (default: $TENANTCTL_TOKEN)")
+    parser.add_argument("--ca-file", metavar="PEM", help="CA of the API's certificate (TLS); omit for plaintext loopback")
+    parser.add_argument("--cert-file", metavar="PEM", help="client certificate (mutual TLS)")
+    parser.add_argument("--key-file", metavar="PEM", help="its private key")
+    parser.add_argument("--server-name", help="name expected in the server certificate (default: the endpoint's host)")
+
+
+def _credentials(args: argparse.Namespace):  # -> controlplane.api.admin.Credentials
+    import os
+
+    from controlplane.api.admin import Credentials
+    from controlplane.api.channel import check_token
+
+    token = args.token or os.environ.get("TENANTCTL_TOKEN") or None
+    return Credentials(token=check_token(token) if token else None, ca_file=args.ca_file, cert_file=args.cert_file,
+                       key_file=args.key_file, server_name=args.server_name)
+
+
 def _members(args: argparse.Namespace) -> int:
     from controlplane.api.admin import change_member
 
     if args.op == "add" and not (args.node_id and args.api_address):
         raise ControlPlaneError("members add: --node-id and --api-address are required")
-    index = change_member(args.endpoint, args.op, args.node_id, args.raft_address, args.api_address)
+    index = change_member(args.endpoint, args.op, args.node_id, args.raft_address, args.api_address,
+                          creds=_credentials(args))
     print(f"{args.op} {args.node_id or args.raft_address}: committed at index {index}")
     return 0
 

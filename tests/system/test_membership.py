@@ -1,5 +1,6 @@
 """Membership changes with real coordinator processes: add a fourth, remove one of the first three;
-the group keeps a lease holder and keeps committing throughout."""
+the group keeps a lease holder and keeps committing throughout. The Admin calls carry the admin token
+that the coordinators' ``admin_token_file`` registers (membership changes need an admin)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from pathlib import Path
 
 import yaml
 
-from controlplane.api.admin import fetch_status
+from controlplane.api.admin import Credentials, fetch_status
 from controlplane.cli.up import free_ports, plan_group
+from controlplane.tokens import new_token
 from tests.support.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,13 +26,24 @@ def start(config: Path, root: Path, name: str) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=open(root / f"{name}.log", "ab"))
 
 
+TOKEN = new_token()[0]
+CREDS = Credentials(token=TOKEN)
+
+
+def status(endpoints: list[str]) -> list[dict]:
+    return fetch_status(endpoints, 1.0, CREDS)
+
+
 def holder(endpoints: list[str]):
-    st = [s for s in fetch_status(endpoints, 1.0) if s["reachable"]]
+    st = [s for s in status(endpoints) if s["reachable"]]
     return next((s for s in st if s["lease"]["remaining_ms"] > 0), None)
 
 
 def test_add_a_fourth_member_and_remove_one_while_committing(tmp_path: Path) -> None:
     nodes, _ = plan_group(3, tmp_path)
+    (tmp_path / "admin.token").write_text(TOKEN + "\n")
+    for n in nodes:
+        n.config.write_text(yaml.safe_dump(dict(yaml.safe_load(n.config.read_text()), admin_token_file=str(tmp_path / "admin.token"))))
     raft4, api4 = (f"127.0.0.1:{p}" for p in free_ports(2))
     base = yaml.safe_load(nodes[0].config.read_text())
     cfg4 = dict(base, node_id="coord-d", zone="az-d", raft_address=raft4, api_address=api4,
@@ -46,16 +59,17 @@ def test_add_a_fourth_member_and_remove_one_while_committing(tmp_path: Path) -> 
         # Any member's endpoint works: a follower points the CLI at the leader.
         follower = next(n.api_address for n in nodes if n.node_id != h["node_id"])
         res = subprocess.run(EXE + ["members", "add", "--endpoint", follower, "--node-id", "coord-d",
-                                    "--raft-address", raft4, "--api-address", api4], capture_output=True, text=True, timeout=30)
+                                    "--raft-address", raft4, "--api-address", api4], check=False, capture_output=True, text=True, timeout=30,
+                             env=dict(os.environ, TENANTCTL_TOKEN=TOKEN))
         assert res.returncode == 0, res.stderr
         four = first + [api4]
         wait_until(lambda: all(
-            s["reachable"] for s in fetch_status(four, 1.0)) and fetch_status([api4], 1.0)[0]["applied_index"] >= h["commit_index"],
+            s["reachable"] for s in status(four)) and status([api4])[0]["applied_index"] >= h["commit_index"],
             20.0, "coord-d to catch up", 0.1)
         # Remove a member that does not hold the lease, stop it, and check the group keeps going.
         gone = next(n for n in nodes if n.node_id != h["node_id"])
-        res = subprocess.run(EXE + ["members", "remove", "--endpoint", h["api_address"], "--raft-address", gone.raft_address],
-                             capture_output=True, text=True, timeout=30)
+        res = subprocess.run(EXE + ["members", "remove", "--endpoint", h["api_address"], "--raft-address", gone.raft_address,
+                                    "--token", TOKEN], check=False, capture_output=True, text=True, timeout=30)
         assert res.returncode == 0, res.stderr
         procs[gone.node_id].send_signal(signal.SIGTERM)
         procs[gone.node_id].wait(10)
@@ -63,7 +77,7 @@ def test_add_a_fourth_member_and_remove_one_while_committing(tmp_path: Path) -> 
         before = holder(rest)["commit_index"]
         after = wait_until(lambda: (x := holder(rest)) and x["commit_index"] > before + 5 and x, 20.0, "commits after the removal", 0.1)
         assert after["lease"]["holder"] in {"coord-a", "coord-b", "coord-c", "coord-d"}
-        peers = {p["raft_address"] for p in fetch_status([after["api_address"]], 1.0)[0]["peers"]}
+        peers = {p["raft_address"] for p in status([after["api_address"]])[0]["peers"]}
         assert gone.raft_address not in peers and raft4 in peers | {after["raft_address"]}
     finally:
         for p in procs.values():

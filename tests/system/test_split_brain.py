@@ -22,8 +22,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from controlplane.api.admin import fetch_status
+from controlplane.api.admin import Credentials, fetch_status
 from controlplane.cli.up import plan_group
+from controlplane.tokens import new_token
 from tests.support.faultproxy import Partitioner
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,9 +38,13 @@ class Group:
         self.nodes, self.adapters = plan_group(3, root)
         self.procs: dict[str, subprocess.Popen] = {}
         self.adapter_procs: list[subprocess.Popen] = []
+        token = new_token()[0]  # Admin.Status needs a token: the coordinators register this one
+        (root / "admin.token").write_text(token + "\n")
+        self.creds = Credentials(token=token)
         for node in self.nodes:
             cfg = yaml.safe_load(node.config.read_text())
             cfg["fault_act_delay_ms"] = act_delay_ms
+            cfg["admin_token_file"] = str(root / "admin.token")
             node.config.write_text(yaml.safe_dump(cfg))
 
     def start(self) -> None:
@@ -79,7 +84,7 @@ class Group:
 
     def status(self, node_ids=None) -> dict[str, dict]:
         nodes = [n for n in self.nodes if node_ids is None or n.node_id in node_ids]
-        return {s["node_id"]: s for s in fetch_status([n.api_address for n in nodes], 1.0) if s["reachable"]}
+        return {s["node_id"]: s for s in fetch_status([n.api_address for n in nodes], 1.0, self.creds) if s["reachable"]}
 
     def wait_holder(self, among=None, newer_than: int = 0) -> tuple[str, int]:
         deadline = time.monotonic() + DEADLINE_S
