@@ -1,0 +1,500 @@
+"""Objects as people write them in files: the Kubernetes-style envelope of ``tenantctl apply -f``.
+
+::
+
+    apiVersion: controlplane.io/v1
+    kind: Tenant            # Tenant | Deployment | Cluster | Zone
+    metadata:
+      name: team-a
+      resourceVersion: 42   # optional: the write happens only at this version
+    spec:
+      priority: 100
+
+A file holds YAML documents (``---``) or JSON (one object, a list of objects, or
+``{"kind": "List", "items": [...]}``; YAML documents may be such Lists too). Validation is strict and
+complete before anything is sent: unknown fields, wrong types, YAML syntax errors and values the
+control plane would refuse are reported as one line each, naming the file (and line), the object and
+the field::
+
+    tenants.yaml:7: object 2 (Tenant/team-b): spec.quota.h100: must be >= 0, got -1
+
+The spec models are the ones the API server validates with (:mod:`controlplane.specs`), followed by
+the domain constructors, so the client refuses exactly what the server would refuse.
+``status`` and the output-only ``metadata.createdMs`` / ``metadata.updatedMs`` are accepted and
+ignored, so ``tenantctl get ... -o yaml`` output can be applied again.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pydantic
+import yaml
+from google.protobuf import json_format
+from pydantic import BaseModel, ConfigDict
+
+from controlplane.api.v1 import api_pb2
+from controlplane.config import address_problem
+from controlplane.domain.errors import ValidationError
+from controlplane.domain.ids import id_problem
+from controlplane.domain.topology import Cluster, Zone
+from controlplane.specs import (
+    DeploymentBase,
+    GpuMap,
+    Ident,
+    TenantSpec,
+    deployment_of,
+    tenant_of,
+)
+
+API_VERSION = "controlplane.io/v1"
+KINDS = ("Zone", "Cluster", "Tenant", "Deployment")
+"""Every kind, in the order ``apply`` sends them (a cluster names a zone, a deployment a tenant);
+``delete -f`` goes in the reverse order."""
+ENVELOPE_FIELDS = frozenset({"apiVersion", "kind", "metadata", "spec", "status"})
+METADATA_FIELDS = frozenset({"name", "resourceVersion", "createdMs", "updatedMs"})
+MAX_PROBLEMS = 20
+
+
+class ManifestError(Exception):
+    """One or more problems, one line each (already prefixed with file, object and field)."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _address(value: str) -> str:
+    if value:
+        problem = address_problem(value)
+        if problem:
+            raise ValueError(problem)
+    return value
+
+
+class ClusterSpecModel(_Strict):
+    zone: Ident
+    region: Ident = "local"
+    capacity: GpuMap = {}
+    adapter_address: str = ""
+
+    @pydantic.field_validator("adapter_address")
+    @classmethod
+    def _addr(cls, value: str) -> str:
+        return _address(value)
+
+
+class ZoneSpecModel(_Strict):
+    region: Ident = "local"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    kind: str
+    name: str
+    resource_version: int
+    spec: dict[str, Any]
+    """The spec fields the file sets, validated and converted (defaults are the server's)."""
+    source: str
+    index: int
+    """1-based position of the object in its file."""
+    line: int = 0
+
+    @property
+    def ref(self) -> str:
+        return f"{self.kind.lower()}/{self.name}"
+
+    @property
+    def where(self) -> str:
+        line = f":{self.line}" if self.line else ""
+        return f"{self.source}{line}: object {self.index} ({self.kind}/{self.name})"
+
+    def to_proto(self) -> Any:
+        """The API message (``api_pb2.Tenant``, ``Deployment``, ``Cluster`` or ``Zone``)."""
+        cls = getattr(api_pb2, self.kind)
+        spec_cls = getattr(api_pb2, f"{self.kind}Spec")
+        spec = json_format.ParseDict(self.spec, spec_cls())
+        return cls(metadata=api_pb2.ObjectMeta(name=self.name, resource_version=self.resource_version), spec=spec)
+
+
+# --------------------------------------------------------------------------------------------------
+# Reading files
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Doc:
+    data: Any
+    node: yaml.Node | None
+    line: int
+
+
+def load_files(paths: Iterable[str], stdin_text: str | None = None) -> list[Manifest]:
+    """Every object of every file (``-`` reads ``stdin_text``), validated; raises
+    :class:`ManifestError` listing every problem (nothing is valid unless everything is)."""
+    problems: list[str] = []
+    out: list[Manifest] = []
+    for path in paths:
+        name = "<stdin>" if path == "-" else path
+        if path == "-":
+            text = stdin_text or ""
+        else:
+            try:
+                text = Path(path).read_text(encoding="utf-8")
+            except OSError as exc:
+                problems.append(f"{path}: cannot read: {exc.strerror or exc}")
+                continue
+            except UnicodeDecodeError:
+                problems.append(f"{path}: not UTF-8 text")
+                continue
+        try:
+            out.extend(parse_text(text, name))
+        except ManifestError as exc:
+            problems.extend(exc.problems)
+    seen: dict[tuple[str, str], str] = {}
+    for m in out:
+        key = (m.kind, m.name)
+        if key in seen:
+            problems.append(f"{m.where}: {m.kind}/{m.name} is also defined at {seen[key]}")
+        else:
+            seen[key] = m.where.split(" (")[0]
+    if not out and not problems:
+        problems.append(f"{', '.join('<stdin>' if p == '-' else p for p in paths)}: no objects found")
+    if problems:
+        raise ManifestError(problems[:MAX_PROBLEMS] + (
+            [f"... and {len(problems) - MAX_PROBLEMS} more problems"] if len(problems) > MAX_PROBLEMS else []))
+    return out
+
+
+def parse_text(text: str, source: str) -> list[Manifest]:
+    """The objects in one file's text (YAML documents or JSON)."""
+    docs = _json_docs(text, source) if _looks_like_json(text, source) else _yaml_docs(text, source)
+    problems: list[str] = []
+    out: list[Manifest] = []
+    index = 0
+    for doc in docs:
+        for data, node in _flatten(doc, source, problems):
+            index += 1
+            try:
+                out.append(parse_object(data, source, index, node))
+            except ManifestError as exc:
+                problems.extend(exc.problems)
+    if problems:
+        raise ManifestError(problems)
+    return out
+
+
+def _looks_like_json(text: str, source: str) -> bool:
+    return source.endswith(".json") or text.lstrip()[:1] in ("{", "[")
+
+
+def _json_docs(text: str, source: str) -> list[_Doc]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ManifestError([f"{source}:{exc.lineno}: not valid JSON: {exc.msg} (column {exc.colno})"]) from None
+    return [_Doc(data, None, 0)]
+
+
+def _yaml_docs(text: str, source: str) -> list[_Doc]:
+    loader = yaml.SafeLoader(text)
+    docs: list[_Doc] = []
+    try:
+        while loader.check_node():
+            node = loader.get_node()
+            if node is None:
+                continue
+            dup = _duplicate_key(node)
+            if dup:
+                raise ManifestError([f"{source}:{dup[0]}: not valid YAML: duplicate key {dup[1]!r}"])
+            docs.append(_Doc(loader.construct_document(node), node, node.start_mark.line + 1))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+        raise ManifestError([f"{source}{where}: not valid YAML: {problem}"]) from None
+    finally:
+        loader.dispose()
+    return docs
+
+
+def _duplicate_key(node: yaml.Node) -> tuple[int, str] | None:
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, yaml.MappingNode):
+            keys: set[str] = set()
+            for k, v in n.value:
+                if isinstance(k, yaml.ScalarNode) and k.value != "<<":
+                    if k.value in keys:
+                        return k.start_mark.line + 1, k.value
+                    keys.add(k.value)
+                stack.append(v)
+        elif isinstance(n, yaml.SequenceNode):
+            stack.extend(n.value)
+    return None
+
+
+def _flatten(doc: _Doc, source: str, problems: list[str]) -> list[tuple[Any, yaml.Node | None]]:
+    """A document is one object, a list of objects, or a ``kind: List`` with ``items``."""
+    data, node = doc.data, doc.node
+    if data is None:
+        return []
+    if isinstance(data, list):
+        return [(item, _child(node, i)) for i, item in enumerate(data)]
+    if isinstance(data, dict) and data.get("kind") == "List":
+        extra = sorted(set(data) - {"apiVersion", "kind", "items", "metadata"})
+        items = data.get("items")
+        if extra or not isinstance(items, list):
+            field = extra[0] if extra else "items"
+            problems.append(f"{source}{_line_suffix(node, [field])}: List: {field}: "
+                            + ("unknown field" if extra else "must be a list of objects"))
+            return []
+        items_node = _child(node, "items")
+        return [(item, _child(items_node, i)) for i, item in enumerate(items)]
+    return [(data, node)]
+
+
+def _child(node: yaml.Node | None, key: str | int) -> yaml.Node | None:
+    if isinstance(node, yaml.MappingNode) and isinstance(key, str):
+        for k, v in node.value:
+            if isinstance(k, yaml.ScalarNode) and k.value == key:
+                return v
+        return None
+    if isinstance(node, yaml.SequenceNode) and isinstance(key, int) and 0 <= key < len(node.value):
+        return node.value[key]
+    return None
+
+
+def _line_of(node: yaml.Node | None, path: Iterable[str | int]) -> int:
+    """The line of the deepest node of ``path`` that exists (0 when unknown, e.g. JSON)."""
+    if node is None:
+        return 0
+    line = node.start_mark.line + 1
+    for key in path:
+        child = _child(node, key)
+        if child is None:
+            if isinstance(node, yaml.MappingNode) and isinstance(key, str):
+                for k, _v in node.value:  # the key itself, for an unknown field
+                    if isinstance(k, yaml.ScalarNode) and k.value == key:
+                        return k.start_mark.line + 1
+            break
+        node = child
+        line = node.start_mark.line + 1
+    return line
+
+
+def _line_suffix(node: yaml.Node | None, path: Iterable[str | int]) -> str:
+    line = _line_of(node, path)
+    return f":{line}" if line else ""
+
+
+# --------------------------------------------------------------------------------------------------
+# One object
+# --------------------------------------------------------------------------------------------------
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def parse_object(data: Any, source: str, index: int, node: yaml.Node | None = None) -> Manifest:
+    """Validate one envelope; raises :class:`ManifestError` with every problem found."""
+    if not isinstance(data, dict):
+        raise ManifestError([(f"{source}{_line_suffix(node, [])}: object {index}: must be a mapping with apiVersion, "
+                             f"kind, metadata and spec, got {type(data).__name__}")])
+    kind = data.get("kind")
+    meta = data.get("metadata")
+    name = meta.get("name") if isinstance(meta, dict) else None
+    label = f"{kind if isinstance(kind, str) and kind else '?'}/{name if isinstance(name, str) and name else '?'}"
+    problems: list[str] = []
+
+    def problem(path: list[str | int], message: str) -> None:
+        field = ".".join(str(p) for p in path)
+        problems.append(f"{source}{_line_suffix(node, path)}: object {index} ({label}): {field}: {message}")
+
+    for key in sorted(set(data) - ENVELOPE_FIELDS, key=str):
+        problem([key], "unknown field (expected apiVersion, kind, metadata, spec)")
+    api_version = data.get("apiVersion")
+    if api_version is None:
+        problem(["apiVersion"], f"required ({API_VERSION})")
+    elif api_version != API_VERSION:
+        problem(["apiVersion"], f"must be {API_VERSION!r}, got {_short(api_version)}")
+    if kind is None:
+        problem(["kind"], f"required (one of {', '.join(KINDS)})")
+    elif kind not in KINDS:
+        hint = next((k for k in KINDS if isinstance(kind, str) and k.lower() == kind.lower().rstrip("s")), None)
+        problem(["kind"], f"must be one of {', '.join(KINDS)}, got {_short(kind)}"
+                + (f" (did you mean {hint!r}?)" if hint else ""))
+    resource_version = 0
+    if not isinstance(meta, dict):
+        problem(["metadata"], "required: a mapping with name" if meta is None else
+                f"must be a mapping with name, got {type(meta).__name__}")
+    else:
+        for key in sorted(set(meta) - METADATA_FIELDS, key=str):
+            problem(["metadata", key], "unknown field (expected name, resourceVersion)")
+        if name is None:
+            problem(["metadata", "name"], "required")
+        else:
+            why = id_problem(name)
+            if why:
+                problem(["metadata", "name"], why)
+        rv = meta.get("resourceVersion", 0)
+        if isinstance(rv, bool) or not isinstance(rv, int) or rv < 0:
+            problem(["metadata", "resourceVersion"], f"must be an integer >= 0, got {_short(rv)}")
+        else:
+            resource_version = rv
+        for key in ("createdMs", "updatedMs"):
+            if key in meta and (isinstance(meta[key], bool) or not isinstance(meta[key], int)):
+                problem(["metadata", key], f"must be an integer, got {_short(meta[key])}")
+    spec = data.get("spec")
+    if spec is None and kind == "Zone":
+        spec = {}
+    if spec is None:
+        problem(["spec"], "required" + (": at least priority" if kind == "Tenant" else ""))
+    elif not isinstance(spec, dict):
+        problem(["spec"], f"must be a mapping, got {type(spec).__name__}")
+    elif kind in KINDS and isinstance(name, str):
+        for path, message in _spec_problems(kind, name, spec):
+            problem(path, message)
+    status = data.get("status")
+    if status is not None and not isinstance(status, dict):
+        problem(["status"], f"must be a mapping (it is ignored), got {type(status).__name__}")
+    if problems:
+        raise ManifestError(problems)
+    assert isinstance(kind, str) and isinstance(name, str) and isinstance(spec, dict)
+    return Manifest(kind, name, resource_version, _spec_values(kind, name, spec), source, index,
+                    _line_of(node, []))
+
+
+_MODELS: dict[str, type[BaseModel]] = {
+    "Tenant": TenantSpec, "Deployment": DeploymentBase, "Cluster": ClusterSpecModel, "Zone": ZoneSpecModel,
+}
+
+
+def _validated(kind: str, name: str, spec: Mapping[str, Any]) -> BaseModel:
+    model = _MODELS[kind]
+    if kind in ("Tenant", "Deployment"):
+        if "id" in spec:
+            raise _Unknown(["spec", "id"])
+        return model.model_validate({**spec, "id": name})
+    return model.model_validate(dict(spec))
+
+
+class _Unknown(Exception):
+    def __init__(self, path: list[str | int]) -> None:
+        self.path = path
+
+
+def _spec_problems(kind: str, name: str, spec: Mapping[str, Any]) -> list[tuple[list[str | int], str]]:
+    try:
+        model = _validated(kind, name, spec)
+    except _Unknown as exc:
+        return [(exc.path, "unknown field (the name is metadata.name)")]
+    except pydantic.ValidationError as exc:
+        return [_pydantic_problem(err) for err in exc.errors(include_url=False)]
+    try:
+        _domain_check(kind, name, model)
+    except ValidationError as exc:
+        return [(_domain_path(kind, exc.field), exc.problem)]
+    return []
+
+
+def _pydantic_problem(err: Any) -> tuple[list[str | int], str]:
+    loc = list(err["loc"])
+    kind = err["type"]
+    if loc and loc[-1] == "[key]":
+        loc = loc[:-1]
+        return (["spec", *loc], f"invalid key: {str(err['msg']).removeprefix('Value error, ')}")
+    if loc == ["id"]:
+        return (["metadata", "name"], str(err["msg"]).removeprefix("Value error, "))
+    if kind == "extra_forbidden":
+        return (["spec", *loc], "unknown field")
+    if kind == "missing":
+        return (["spec", *loc], "required")
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    value = err.get("input")
+    if not isinstance(value, (dict, list)) and "got" not in msg:
+        msg += f", got {_short(value)}"
+    return (["spec", *loc], msg[:1].lower() + msg[1:])
+
+
+def _domain_path(kind: str, field: str) -> list[str | int]:
+    head, _, rest = field.partition(".")
+    if head in ("tenant", "deployment", "cluster", "zone", "spec"):
+        field = rest
+    if field == "id":
+        return ["metadata", "name"]
+    return ["spec", *field.split(".")]
+
+
+def _domain_check(kind: str, name: str, model: Any) -> None:
+    if kind == "Tenant":
+        tenant_of(model)
+    elif kind == "Deployment":
+        deployment_of(model, "spec")
+    elif kind == "Cluster":
+        Cluster(id=name, zone=model.zone, region=model.region, capacity=dict(model.capacity),  # type: ignore[arg-type]
+                adapter_address=model.adapter_address)
+    else:
+        Zone(id=name, region=model.region)  # type: ignore[arg-type]
+
+
+def _spec_values(kind: str, name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The validated values of the fields the file sets (unset ones take the server's defaults)."""
+    values = _validated(kind, name, spec).model_dump(exclude_unset=True)
+    values.pop("id", None)
+    return values
+
+
+# --------------------------------------------------------------------------------------------------
+# API objects -> plain data (what -o yaml / -o json print)
+# --------------------------------------------------------------------------------------------------
+
+
+def plain(message: Any) -> dict[str, Any]:
+    """The fields a message has set, as plain Python values (int64 stays int, maps become dicts)."""
+    out: dict[str, Any] = {}
+    for field, value in message.ListFields():
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            value_field = field.message_type.fields_by_name["value"]
+            if value_field.message_type is not None:
+                out[field.name] = {k: plain(v) for k, v in sorted(value.items())}
+            else:
+                out[field.name] = dict(sorted(value.items()))
+        elif field.is_repeated:
+            out[field.name] = [plain(v) if field.message_type is not None else v for v in value]
+        elif field.message_type is not None:
+            out[field.name] = plain(value)
+        else:
+            out[field.name] = value
+    return out
+
+
+def envelope(kind: str, obj: Any) -> dict[str, Any]:
+    """An API object in the file format (``apiVersion``, ``kind``, ``metadata``, ``spec``, ``status``)."""
+    meta = obj.metadata
+    metadata: dict[str, Any] = {"name": meta.name}
+    if meta.resource_version:
+        metadata["resourceVersion"] = meta.resource_version
+    if meta.created_ms:
+        metadata["createdMs"] = meta.created_ms
+    if meta.updated_ms:
+        metadata["updatedMs"] = meta.updated_ms
+    out: dict[str, Any] = {"apiVersion": API_VERSION, "kind": kind, "metadata": metadata, "spec": plain(obj.spec)}
+    if obj.HasField("status"):
+        out["status"] = plain(obj.status)
+    return out
+
+
+def list_envelope(items: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"apiVersion": API_VERSION, "kind": "List", "items": items}

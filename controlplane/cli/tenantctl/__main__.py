@@ -1,0 +1,5 @@
+import sys
+
+from controlplane.cli.tenantctl import main
+
+sys.exit(main())

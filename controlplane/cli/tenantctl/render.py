@@ -1,0 +1,200 @@
+"""Output of tenantctl: tables (rich), JSON, YAML and ``kind/name`` lines."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from controlplane.api.v1 import api_pb2
+
+FORMATS = ("table", "wide", "json", "yaml", "name")
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def age(ms: int, now: int | None = None) -> str:
+    """``45s``, ``12m``, ``5h``, ``3d`` since ``ms`` (wall clock); ``-`` when unknown."""
+    if not ms:
+        return "-"
+    s = max(0, ((now if now is not None else now_ms()) - ms) // 1000)
+    if s < 120:
+        return f"{s}s"
+    if s < 120 * 60:
+        return f"{s // 60}m"
+    if s < 48 * 3600:
+        return f"{s // 3600}h"
+    return f"{s // 86400}d"
+
+
+def clock(ms: int) -> str:
+    if not ms:
+        return "-"
+    return time.strftime("%H:%M:%S", time.localtime(ms / 1000)) + f".{ms % 1000:03d}"
+
+
+def gpu_map(values: Mapping[str, int]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(values.items())) or "-"
+
+
+def make_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, show_header: bool = True,
+               min_widths: Sequence[int] | None = None) -> Table:
+    table = Table(box=None, show_edge=False, pad_edge=False, header_style="bold", padding=(0, 3, 0, 0),
+                  show_header=show_header)
+    for i, h in enumerate(headers):
+        table.add_column(h, no_wrap=True, overflow="fold", min_width=(min_widths[i] if min_widths else None))
+    for row in rows:
+        table.add_row(*(Text(str(c)) for c in row))
+    return table
+
+
+def column_widths(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[int]:
+    return [max([len(h), *(len(str(r[i])) for r in rows)]) for i, h in enumerate(headers)]
+
+
+def dump(console: Console, data: Any, fmt: str) -> None:
+    if fmt == "json":
+        console.file.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
+    else:
+        console.file.write(yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True))
+    console.file.flush()
+
+
+# --------------------------------------------------------------------------------------------------
+# Rows per kind
+# --------------------------------------------------------------------------------------------------
+
+
+def _state_counts(d: api_pb2.Deployment) -> tuple[int, int]:
+    by = d.status.replicas_by_state
+    return by.get("ready", 0) + by.get("busy", 0), by.get("standby", 0)
+
+
+def tenant_row(t: api_pb2.Tenant, wide: bool, now: int) -> list[str]:
+    s = t.spec
+    row = [t.metadata.name, str(s.priority), gpu_map(s.quota), gpu_map(s.borrow_limit),
+           str(t.status.deployments), gpu_map(t.status.gpus_in_use), age(t.metadata.created_ms, now)]
+    if wide:
+        slo = s.slo
+        row += [f"{slo.ttft_p99_ms}ms" if slo.HasField("ttft_p99_ms") else "-",
+                f"{slo.max_queue_ms}ms" if slo.HasField("max_queue_ms") else "-", str(t.metadata.resource_version)]
+    return row
+
+
+TENANT_HEADERS = ["NAME", "PRIORITY", "QUOTA", "BORROW", "DEPLOYMENTS", "GPUS", "AGE"]
+TENANT_WIDE = ["TTFT-SLO", "MAX-QUEUE", "VERSION"]
+
+
+def deployment_row(d: api_pb2.Deployment, wide: bool, now: int) -> list[str]:
+    s, st = d.spec, d.status
+    ready, standby = _state_counts(d)
+    status = "Deleting" if st.deleting else "Active"
+    row = [d.metadata.name, s.tenant, s.model, s.pool, f"{ready}/{st.desired_replicas}",
+           f"{standby}/{st.desired_warm_pool}", status, age(d.metadata.created_ms, now)]
+    if wide:
+        states = ",".join(f"{k}={v}" for k, v in sorted(st.replicas_by_state.items())) or "-"
+        row += [s.engine, str(s.min_replicas) if s.HasField("min_replicas") else "-",
+                str(s.max_replicas) if s.HasField("max_replicas") else "-", states,
+                gpu_map(st.replicas_by_zone), st.reason or "-", str(d.metadata.resource_version)]
+    return row
+
+
+DEPLOYMENT_HEADERS = ["NAME", "TENANT", "MODEL", "POOL", "READY", "WARM", "STATUS", "AGE"]
+DEPLOYMENT_WIDE = ["ENGINE", "MIN", "MAX", "INSTANCES", "ZONES", "REASON", "VERSION"]
+
+
+def _sched(cordoned: bool, draining: bool, schedulable: bool = True) -> str:
+    if draining:
+        return "Draining"
+    if cordoned:
+        return "Cordoned"
+    return "Ready" if schedulable else "Ready,ZoneCordoned"
+
+
+def cluster_row(c: api_pb2.Cluster, wide: bool, now: int) -> list[str]:
+    s, st = c.spec, c.status
+    row = [c.metadata.name, s.zone, s.region or "local", gpu_map(s.capacity), gpu_map(st.gpus_in_use),
+           str(st.instances), _sched(st.cordoned, st.draining, st.schedulable), age(c.metadata.created_ms, now)]
+    if wide:
+        row += [s.adapter_address or "(configured)", str(c.metadata.resource_version)]
+    return row
+
+
+CLUSTER_HEADERS = ["NAME", "ZONE", "REGION", "CAPACITY", "IN-USE", "INSTANCES", "STATUS", "AGE"]
+CLUSTER_WIDE = ["ADAPTER", "VERSION"]
+
+
+def zone_row(z: api_pb2.Zone, wide: bool, now: int) -> list[str]:
+    s, st = z.spec, z.status
+    row = [z.metadata.name, s.region or "local", ",".join(st.clusters) or "-", gpu_map(st.capacity),
+           gpu_map(st.gpus_in_use), _sched(st.cordoned, st.draining), age(z.metadata.created_ms, now)]
+    if wide:
+        row += ["yes" if st.registered else "no", str(z.metadata.resource_version)]
+    return row
+
+
+ZONE_HEADERS = ["NAME", "REGION", "CLUSTERS", "CAPACITY", "IN-USE", "STATUS", "AGE"]
+ZONE_WIDE = ["REGISTERED", "VERSION"]
+
+
+def token_row(t: api_pb2.TokenInfo, wide: bool, now: int) -> list[str]:
+    expires = "never" if not t.expires_ms else ("expired" if t.expires_ms <= now else f"in {age(now, t.expires_ms)}")
+    return [t.id, t.role, t.tenant or "-", age(t.created_ms, now), expires, t.description or "-"]
+
+
+TOKEN_HEADERS = ["ID", "ROLE", "TENANT", "AGE", "EXPIRES", "DESCRIPTION"]
+
+ROWS = {
+    "Tenant": (TENANT_HEADERS, TENANT_WIDE, tenant_row),
+    "Deployment": (DEPLOYMENT_HEADERS, DEPLOYMENT_WIDE, deployment_row),
+    "Cluster": (CLUSTER_HEADERS, CLUSTER_WIDE, cluster_row),
+    "Zone": (ZONE_HEADERS, ZONE_WIDE, zone_row),
+    "Token": (TOKEN_HEADERS, [], token_row),
+}
+
+
+def headers_of(kind: str, wide: bool) -> list[str]:
+    base, extra, _ = ROWS[kind]
+    return [*base, *(extra if wide else [])]
+
+
+def row_of(kind: str, obj: Any, wide: bool, now: int) -> list[str]:
+    return ROWS[kind][2](obj, wide, now)
+
+
+# --------------------------------------------------------------------------------------------------
+# Events
+# --------------------------------------------------------------------------------------------------
+
+EVENT_HEADERS = ["REVISION", "TIME", "TYPE", "KIND", "NAME", "DETAIL"]
+
+
+def event_detail(e: api_pb2.Event) -> str:
+    if e.type == "TRANSITION":
+        where = "/".join(x for x in (e.zone, e.cluster) if x)
+        return (f"{e.deployment}: {e.from_state or '-'} -> {e.to_state or '-'} ({e.event})"
+                + (f" on {where}" if where else ""))
+    if e.type == "DECIDED":
+        text = f"replicas {e.replicas}, warm pool {e.warm_pool}: {e.reason or '-'}"
+        return text + (f" ({e.message})" if e.message else "")
+    if e.type == "BOOKMARK":
+        return "(no change)"
+    return f"tenant {e.tenant}" if e.tenant and e.kind != "Tenant" else ""
+
+
+def event_row(e: api_pb2.Event) -> list[str]:
+    return [str(e.revision), clock(e.at_ms), e.type, e.kind or "-", e.name or "-", event_detail(e)]
+
+
+def event_dict(e: api_pb2.Event) -> dict[str, Any]:
+    from controlplane.api.manifests import plain
+
+    return plain(e)
