@@ -1,10 +1,22 @@
 """``controlplane up``: a local group of real coordinator processes on 127.0.0.1, one per simulated
-zone, each with a recording adapter for its zone's cluster. For development and the demo.
+zone, each zone with a simulated cluster (``controlplane adapter --config`` with ``backend:
+simulated``) running a demo deployment under a scripted load that bursts every two minutes, so the
+deployment visibly scales out and back in. For development and the demo.
 
-Everything lives under ``--dir`` (default: a fresh temporary folder): one YAML configuration per
-node (mode 0600: it holds the generated Raft password), its Raft data directory, and each adapter's
-fencing state and command record. Ctrl-C or SIGTERM stops every child (SIGTERM, then SIGKILL after
-a grace period).
+Everything lives under ``--dir`` (default: a fresh temporary folder), secured as a real group is:
+
+* ``pki/``: a development CA and a server certificate for 127.0.0.1/localhost
+  (:func:`controlplane.tls.make_dev_pki`); the coordinators' API is TLS only (``api_tls``);
+* ``admin.token``: an admin bearer token (``cp_<id>_<secret>``) that the lease holder registers
+  (``admin_token_file``); ``adapter.token``: the token the adapters demand and the coordinators
+  send (``auth_token_file`` / ``adapter_token_file``);
+* one YAML configuration per coordinator and per adapter, their data and logs;
+* ``tenantctl.yaml``: a tenantctl configuration (context ``local``: the endpoints, the CA, the admin
+  token); ``up`` prints its path and ``export TENANTCTL_CONFIG=...``.
+
+Files holding a secret (tokens, keys, the coordinators' configurations with the Raft password, the
+tenantctl configuration) are mode 0600; ``up`` never prints a token. Ctrl-C or SIGTERM stops every
+child (SIGTERM, then SIGKILL after a grace period).
 """
 
 from __future__ import annotations
@@ -25,6 +37,17 @@ import yaml
 ZONES = "abcdefghi"
 STOP_GRACE_S = 5.0
 MAX_NODES = 9
+DEMO_TENANT = "demo"
+DEMO_DEPLOYMENT = "chat"
+DEMO_MODEL = "llama3-8b-h100"
+CALM_RPS, BURST_RPS = 2.0, 40.0
+"""Per zone: each zone's adapter offers its own traffic (its own gateway), as a per-zone router would."""
+BURST_AT_S, BURST_LEN_S, CYCLE_S, CYCLES = 20, 60, 120, 30
+"""Bursts start 20 s after an adapter starts and every two minutes after, for an hour."""
+DEMO_POLICY = {
+    "stable_window_ms": 6_000, "ewma_half_life_ms": 1_000, "panic_window_ms": 2_000, "panic_hold_ms": 3_000,
+    "scale_down_stabilization_ms": 4_000, "scale_down_cooldown_ms": 1_000, "max_step_down": 4,
+}
 
 
 def free_ports(n: int) -> list[int]:
@@ -50,8 +73,62 @@ class NodePlan:
     config: Path
 
 
-def plan_group(n: int, root: Path, gpus_per_cluster: int = 8) -> tuple[list[NodePlan], list[dict]]:
-    """Write one configuration per node; return the nodes and the adapters to start."""
+@dataclass(frozen=True)
+class LocalSecurity:
+    """What :func:`make_local_security` wrote: TLS material and the two tokens (as files)."""
+
+    ca_file: Path
+    cert_file: Path
+    key_file: Path
+    admin_token_file: Path
+    adapter_token_file: Path
+
+    @property
+    def admin_token(self) -> str:
+        return self.admin_token_file.read_text(encoding="utf-8").strip()
+
+    def coordinator_fields(self) -> dict[str, object]:
+        """The security part of a coordinator's configuration (``controlplane.config``)."""
+        return {
+            "api_tls": {"cert_file": str(self.cert_file), "key_file": str(self.key_file), "ca_file": str(self.ca_file)},
+            "admin_token_file": str(self.admin_token_file),
+            "adapter_token_file": str(self.adapter_token_file),
+        }
+
+
+def make_local_security(root: Path) -> LocalSecurity:
+    """A development CA with a 127.0.0.1/localhost server certificate under ``root/pki``, an admin
+    token in ``root/admin.token`` and an adapter token in ``root/adapter.token`` (both 0600). What a
+    previous ``up`` left in ``root`` is reused (the same group restarted keeps its tokens: no second
+    admin token is registered, tenantctl configurations keep working)."""
+    from controlplane.domain.tokens import parse_token
+    from controlplane.tls import make_dev_pki, write_secret
+    from controlplane.tokens import new_token
+
+    pki_dir = root / "pki"
+    names = ("ca.pem", "server.pem", "server-key.pem")
+    if not all((pki_dir / name).is_file() for name in names):
+        make_dev_pki(pki_dir)
+    admin, adapter = root / "admin.token", root / "adapter.token"
+    if parse_token(_read_or_empty(admin)) is None:
+        write_secret(admin, new_token()[0] + "\n")
+    if len(_read_or_empty(adapter)) < 32:
+        write_secret(adapter, secrets.token_urlsafe(32) + "\n")
+    return LocalSecurity(pki_dir / names[0], pki_dir / names[1], pki_dir / names[2], admin, adapter)
+
+
+def _read_or_empty(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+def plan_group(n: int, root: Path, gpus_per_cluster: int = 8, *,
+               security: LocalSecurity | None = None) -> tuple[list[NodePlan], list[dict]]:
+    """Write one configuration per node; return the nodes and the adapters to start. With
+    ``security`` the coordinators serve their API over TLS, register the admin token and send the
+    adapter token; without it (the process tests) the API is plaintext on loopback."""
     if not 1 <= n <= MAX_NODES:
         raise ValueError(f"--nodes: must be between 1 and {MAX_NODES}, got {n}")
     ports = free_ports(3 * n)
@@ -73,16 +150,81 @@ def plan_group(n: int, root: Path, gpus_per_cluster: int = 8) -> tuple[list[Node
             "peers": [{"node_id": o.node_id, "zone": o.zone, "raft_address": o.raft_address, "api_address": o.api_address}
                       for o in nodes if o is not node],
             "clusters": adapters,
+            **(security.coordinator_fields() if security is not None else {}),
         }
-        node.config.write_text(yaml.safe_dump(cfg, sort_keys=False))
-        node.config.chmod(0o600)
+        write_private(node.config, yaml.safe_dump(cfg, sort_keys=False))
     return nodes, adapters
+
+
+def write_private(path: Path, text: str) -> None:
+    from controlplane.tls import write_secret
+
+    write_secret(path, text)
+
+
+def demo_load() -> list[dict[str, float]]:
+    """The step schedule of the demo deployment in every zone: calm, a burst, calm, ..."""
+    steps: list[dict[str, float]] = [{"at_s": 0, "rps": CALM_RPS}]
+    for k in range(CYCLES):
+        steps.append({"at_s": BURST_AT_S + k * CYCLE_S, "rps": BURST_RPS})
+        steps.append({"at_s": BURST_AT_S + BURST_LEN_S + k * CYCLE_S, "rps": CALM_RPS})
+    return steps
+
+
+def add_demo(nodes: list[NodePlan], adapters: list[dict], gpus_per_cluster: int = 8) -> None:
+    """Seed the demo tenant and deployment into every coordinator's configuration (one instance
+    per zone at least, up to four per zone)."""
+    n = len(adapters)
+    tenant = {"id": DEMO_TENANT, "priority": 100, "quota": {"h100": gpus_per_cluster * n}}
+    deployment = {"id": DEMO_DEPLOYMENT, "tenant": DEMO_TENANT, "engine": "vllm", "model": DEMO_MODEL, "pool": "h100",
+                  "min_replicas": n, "max_replicas": 4 * n, "warm_pool": 0, "policy": DEMO_POLICY}
+    for node in nodes:
+        cfg = yaml.safe_load(node.config.read_text(encoding="utf-8"))
+        cfg["tenants"], cfg["deployments"] = [tenant], [deployment]
+        write_private(node.config, yaml.safe_dump(cfg, sort_keys=False))
+
+
+def write_adapter_configs(root: Path, adapters: list[dict], security: LocalSecurity) -> list[Path]:
+    """One simulated adapter per cluster, demanding the adapter token; returns the files."""
+    out = []
+    for i, a in enumerate(adapters):
+        path = root / f"{a['id']}.adapter.yaml"
+        cfg = {
+            "cluster_id": a["id"], "listen": a["adapter_address"], "state_dir": str(root / "adapters"), "nvml": False,
+            "auth_token_file": str(security.adapter_token_file), "backend": "simulated",
+            "simulated": {"seed": i + 1, "deployments": [{
+                "deployment": DEMO_DEPLOYMENT, "model": DEMO_MODEL, "cold_start_ms": 3_000, "warm_start_ms": 500,
+                "load": demo_load(),
+            }], "default": {
+                # deployments created later (tenantctl apply) get the same bursty load from their start
+                "deployment": "*", "model": DEMO_MODEL, "cold_start_ms": 3_000, "warm_start_ms": 500,
+                "load": demo_load(),
+            }},
+        }
+        path.write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
+        out.append(path)
+    return out
+
+
+def write_tenantctl_config(path: Path, endpoints: list[str], security: LocalSecurity) -> Path:
+    """A tenantctl configuration with one context, ``local`` (mode 0600: it holds the admin token)."""
+    cfg = {
+        "apiVersion": "controlplane.io/v1", "kind": "Config", "current-context": "local",
+        "contexts": [{"name": "local", "region": "local", "endpoints": endpoints, "ca_file": str(security.ca_file),
+                      "token": security.admin_token}],
+    }
+    write_private(path, yaml.safe_dump(cfg, sort_keys=False))
+    return path
 
 
 def run_up(n: int, as_json: bool, root: str | None) -> int:
     base = Path(root) if root else Path(tempfile.mkdtemp(prefix="controlplane-up-"))
     base.mkdir(parents=True, exist_ok=True)
-    nodes, adapters = plan_group(n, base)
+    security = make_local_security(base)
+    nodes, adapters = plan_group(n, base, security=security)
+    add_demo(nodes, adapters)
+    adapter_configs = write_adapter_configs(base, adapters, security)
+    tenantctl = write_tenantctl_config(base / "tenantctl.yaml", [nd.api_address for nd in nodes], security)
     children: list[subprocess.Popen] = []
     stopping = {"flag": False}
 
@@ -93,29 +235,47 @@ def run_up(n: int, as_json: bool, root: str | None) -> int:
     signal.signal(signal.SIGINT, stop)
     exe = [sys.executable, "-m", "controlplane.cli.main"]
     try:
-        for a in adapters:
-            children.append(subprocess.Popen(
-                exe + ["adapter", "--cluster", a["id"], "--listen", a["adapter_address"],
-                       "--state-dir", str(base / "adapters"), "--record", str(base / "adapters" / f"{a['id']}.jsonl")],
-                stdout=subprocess.DEVNULL, stderr=open(base / f"{a['id']}.log", "ab")))
+        for a, config in zip(adapters, adapter_configs):
+            children.append(subprocess.Popen(exe + ["adapter", "--config", str(config)],
+                                             stdout=subprocess.DEVNULL, stderr=open(base / f"{a['id']}.log", "ab")))
         for node in nodes:
             children.append(subprocess.Popen(exe + ["coordinator", "--config", str(node.config)],
                                              stdout=subprocess.DEVNULL, stderr=open(base / f"{node.node_id}.log", "ab")))
         listing = [{"node_id": nd.node_id, "zone": nd.zone, "api_address": nd.api_address,
                     "raft_address": nd.raft_address, "pid": ch.pid, "config": str(nd.config)}
                    for nd, ch in zip(nodes, children[len(adapters):])]
+        adapter_listing = [dict(a, pid=ch.pid, config=str(cfg)) for a, ch, cfg in zip(adapters, children, adapter_configs)]
         if as_json:
-            print(json.dumps({"dir": str(base), "nodes": listing, "adapters": adapters}), flush=True)
+            print(json.dumps({"dir": str(base), "nodes": listing, "adapters": adapter_listing,
+                              "tenantctl_config": str(tenantctl), "ca_file": str(security.ca_file),
+                              "admin_token_file": str(security.admin_token_file),
+                              "demo": {"tenant": DEMO_TENANT, "deployment": DEMO_DEPLOYMENT}}), flush=True)
         else:
             print(f"controlplane: {n} coordinators on 127.0.0.1 (state in {base}); Ctrl-C stops them")
             for item in listing:
                 print(f"  {item['node_id']:8} {item['zone']:6} api {item['api_address']:21} raft {item['raft_address']:21} pid {item['pid']}")
-            print(f"  status: controlplane status --endpoints {','.join(x['api_address'] for x in listing)}", flush=True)
+            for a in adapter_listing:
+                print(f"  {a['id']:8} {a['zone']:6} adapter {a['adapter_address']:17} simulated, pid {a['pid']}")
+            print(f"  demo: deployment {DEMO_DEPLOYMENT} (tenant {DEMO_TENANT}): {CALM_RPS:g} requests/s per zone, "
+                  f"{BURST_RPS:g}/s for {BURST_LEN_S} s from {BURST_AT_S} s after start and every {CYCLE_S} s")
+            print(f"  API: TLS (CA {security.ca_file}); admin token in {security.admin_token_file}")
+            print(f"  status: TENANTCTL_TOKEN=$(cat {security.admin_token_file}) controlplane status --endpoints "
+                  f"{','.join(x['api_address'] for x in listing)} --ca-file {security.ca_file}")
+            print(f"  tenantctl config: {tenantctl}")
+            print(f"  export TENANTCTL_CONFIG={tenantctl}", flush=True)
+        names = [a["id"] for a in adapters] + [nd.node_id for nd in nodes]
+        coordinators = children[len(adapters):]
+        reported: set[int] = set()
         while not stopping["flag"]:
-            dead = [ch for ch in children if ch.poll() is not None]
-            if dead:
-                print(f"controlplane: error: a child process exited (pid {dead[0].pid}, status {dead[0].returncode}); "
-                      f"see the logs in {base}", file=sys.stderr)
+            # A dead child is reported once and the rest keep running: killing the leader to watch the
+            # group fail over is what this group is for. Only when every coordinator is gone is it over.
+            for name, ch in zip(names, children):
+                if ch.poll() is not None and ch.pid not in reported:
+                    reported.add(ch.pid)
+                    print(f"controlplane: {name} (pid {ch.pid}) exited with status {ch.returncode}; the others keep "
+                          f"running (log: {base / (name + '.log')})", file=sys.stderr, flush=True)
+            if all(ch.poll() is not None for ch in coordinators):
+                print(f"controlplane: error: every coordinator has exited; see the logs in {base}", file=sys.stderr)
                 return 1
             time.sleep(0.2)
         return 0

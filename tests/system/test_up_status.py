@@ -10,6 +10,10 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
+from tests.support.waiting import wait_until
+
 EXE = [sys.executable, "-m", "controlplane.cli.main"]
 
 
@@ -28,9 +32,13 @@ def test_up_prints_endpoints_status_shows_one_lease_holder_and_sigterm_stops_eve
         listing = json.loads(up.stdout.readline())
         endpoints = ",".join(n["api_address"] for n in listing["nodes"])
         assert [n["zone"] for n in listing["nodes"]] == ["az-a", "az-b", "az-c"]
+        # The API is TLS with the CA `up` generated; the admin token travels in the environment.
+        auth = ["--ca-file", listing["ca_file"]]
+        env = dict(os.environ, TENANTCTL_TOKEN=Path(listing["admin_token_file"]).read_text().strip())
         deadline = time.monotonic() + 20
         while True:
-            res = subprocess.run(EXE + ["status", "--endpoints", endpoints, "--json"], capture_output=True, text=True, timeout=20)
+            res = subprocess.run(EXE + ["status", "--endpoints", endpoints, "--json", *auth], capture_output=True, text=True,
+                                 timeout=20, env=env)
             nodes = json.loads(res.stdout)
             holders = [n for n in nodes if n.get("reachable") and n["lease"]["remaining_ms"] > 0]
             if res.returncode == 0 and len(holders) == 1:
@@ -42,13 +50,36 @@ def test_up_prints_endpoints_status_shows_one_lease_holder_and_sigterm_stops_eve
         assert {n["pid"] for n in nodes} == {n["pid"] for n in listing["nodes"]}
         assert all(p["reachable"] for n in nodes for p in n["peers"])
         assert (tmp_path / "coord-a.yaml").stat().st_mode & 0o077 == 0  # holds the Raft password
-        text = subprocess.run(EXE + ["status", "--endpoints", endpoints], capture_output=True, text=True, timeout=20)
+        text = subprocess.run(EXE + ["status", "--endpoints", endpoints, *auth], capture_output=True, text=True, timeout=20,
+                              env=env)
         assert f"lease {holder['node_id']}@{holder['lease']['epoch']}" in text.stdout
+        check_up_security(tmp_path, listing)
     finally:
         up.send_signal(signal.SIGTERM)
         up.wait(20)
     assert up.returncode == 0, up.stderr.read()
-    assert not any(alive(n["pid"]) for n in listing["nodes"])
+    assert not any(alive(n["pid"]) for n in listing["nodes"] + listing["adapters"])
+    assert (tmp_path / "admin.token").read_text().strip() not in json.dumps(listing)  # never printed
+
+
+def check_up_security(root: Path, listing: dict) -> None:
+    """`up` wrote a tenantctl config (context local, TLS CA, admin token; 0600), runs simulated
+    adapters that demand a token, and its coordinators reach them with it."""
+    config = Path(listing["tenantctl_config"])
+    assert config == root / "tenantctl.yaml" and config.stat().st_mode & 0o077 == 0
+    ctx = yaml.safe_load(config.read_text())["contexts"][0]
+    assert ctx["name"] == "local" and ctx["endpoints"] == [n["api_address"] for n in listing["nodes"]]
+    assert ctx["ca_file"] == listing["ca_file"] and Path(ctx["ca_file"]).read_bytes().startswith(b"-----BEGIN CERTIFICATE")
+    assert ctx["token"] == Path(listing["admin_token_file"]).read_text().strip()
+    for a in listing["adapters"]:
+        adapter_cfg = yaml.safe_load(Path(a["config"]).read_text())
+        assert adapter_cfg["backend"] == "simulated" and adapter_cfg["auth_token_file"]
+    logs = [root / f"{n['node_id']}.log" for n in listing["nodes"]]
+    wait_until(lambda: all(p.read_text().count('"observe_connected"') >= len(listing["adapters"]) for p in logs),
+               20.0, "every coordinator to stream from every adapter", 0.2)
+    for a in listing["adapters"]:
+        log = (root / f"{a['id']}.log").read_text()
+        assert '"authenticated": true' in log and '"call_unauthenticated"' not in log
 
 
 def test_status_of_an_unreachable_endpoint_exits_non_zero() -> None:
