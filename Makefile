@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-all venv clean
+.PHONY: demo test test-all venv clean proto docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,3 +33,7 @@ clean:
 # Regenerate the gRPC modules from proto/ (generated code is committed; tests check it is current).
 proto: $(STAMP)
 	$(BIN)/python -m controlplane.api.protogen
+
+# Regenerate the API reference in docs/api.md from the proto comments (a test checks it is current).
+docs: $(STAMP)
+	$(BIN)/python -m controlplane.api.docgen
