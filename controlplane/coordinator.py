@@ -137,15 +137,17 @@ class Coordinator:
         if epoch is None or epoch == self._bootstrapped_epoch:
             return
         state = self.replicator.state
-        cmds: list[c.Command] = [c.PutCluster(cl) for cl in self.topology.clusters if cl.id not in state.clusters]
-        cmds += [c.PutTenant(t) for t in self.topology.tenants if t.id not in state.tenants]
-        cmds += [c.PutDeployment(d) for d in self.topology.deployments if d.id not in state.deployments]
+        cmds: list[c.Command] = [c.PutCluster(cl, c.MUST_NOT_EXIST, now_ms) for cl in self.topology.clusters
+                                 if cl.id not in state.clusters]
+        cmds += [c.PutTenant(t, c.MUST_NOT_EXIST, now_ms) for t in self.topology.tenants if t.id not in state.tenants]
+        cmds += [c.PutDeployment(d, c.MUST_NOT_EXIST, now_ms) for d in self.topology.deployments
+                 if d.id not in state.deployments]
         if self._admin_token is not None and self._admin_token.id not in getattr(state, "tokens", {}):
             cmds.append(c.PutToken(dataclasses.replace(self._admin_token, created_ms=now_ms)))
         if cmds:
             result = self.replicator.commit(cmds, now_ms)
             for r in result.results or (result,):
-                if not r.ok:
+                if not r.ok and r.code != "already_exists":  # created through the API meanwhile: theirs
                     log.error("bootstrap_rejected", error=r.error)
         self._bootstrapped_epoch = epoch
 

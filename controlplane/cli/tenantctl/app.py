@@ -224,7 +224,7 @@ class Session:
     def __post_init__(self) -> None:
         tty = hasattr(self.out, "isatty") and self.out.isatty()
         self.console = Console(file=self.out, highlight=False, markup=False, emoji=False,
-                               width=None if tty else 250, force_terminal=None if tty else False)
+                               width=None if tty else 100_000, force_terminal=None if tty else False)
         self.tty = tty
 
     def opt(self, name: str, default: Any = None) -> Any:
@@ -693,13 +693,11 @@ def cmd_dry_run(s: Session) -> int:
 
 def _print_dry_run(s: Session, ctx: cfgmod.Context, m: mf.Manifest, r: api_pb2.DryRunResult) -> None:
     head = f"{ctx.name}: " if s.multi else ""
-    verb = "would change" if r.exists else "would be created"
-    s.console.print(Text(f"{head}{m.ref} {verb} (nothing was written)", style="bold"))
+    verb = ("would change" if r.changes else "unchanged") if r.exists else "would be created"
+    s.console.print(Text(f"{head}{m.ref} {verb} (dry run: nothing was written)", style="bold"))
     if r.changes:
         s.console.print(render.make_table(["  FIELD", "BEFORE", "AFTER"],
                                           [["  " + c.field, c.before or "-", c.after or "-"] for c in r.changes]))
-    elif r.exists:
-        s.console.print(Text("  no spec change"))
     s.console.print(Text(f"  replicas now {r.current_replicas}; scaling target {r.target_before} -> "
                          f"{r.target_after} ({r.reason_after or '-'}); warm pool {r.warm_pool_after}"))
     if r.message_after:
