@@ -88,3 +88,29 @@ def deployment_of(d: DeploymentBase, where: str) -> Deployment:
         )
     except ValidationError as exc:
         raise ValidationError(f"{where}.{exc.field.removeprefix('deployment.')}", exc.problem) from None
+
+
+def _adapter_address(value: str) -> str:
+    # controlplane.config imports this module, so this import waits until a value is checked
+    from controlplane.config import address_problem
+
+    problem = address_problem(value) if value else None
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+class ClusterSpec(Strict):
+    """A cluster as the API and tenantctl manifests take it (its name is ``metadata.name``)."""
+
+    zone: Ident
+    region: Ident = "local"
+    capacity: GpuMap = {}
+    adapter_address: Annotated[str, pydantic.AfterValidator(_adapter_address)] = ""
+
+
+class ZoneSpec(Strict):
+    """A zone as the API and tenantctl manifests take it."""
+
+    region: Ident = "local"
+

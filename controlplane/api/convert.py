@@ -20,10 +20,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 
 from controlplane.api.v1 import api_pb2
-from controlplane.config import address_problem
 from controlplane.domain.errors import ValidationError
 from controlplane.domain.ids import id_problem
 from controlplane.domain.records import ObjectMeta
@@ -32,10 +31,11 @@ from controlplane.domain.tenants import Deployment, Tenant
 from controlplane.domain.tokens import TokenRecord
 from controlplane.domain.topology import Cluster, Zone
 from controlplane.specs import (
+    ClusterSpec,
     DeploymentBase,
-    GpuMap,
     Ident,
     TenantSpec,
+    ZoneSpec,
     deployment_of,
     tenant_of,
 )
@@ -228,32 +228,14 @@ _POLICY_FIELDS = tuple(f.name for f in api_pb2.ScalingPolicy.DESCRIPTOR.fields)
 # --- clusters and zones ------------------------------------------------------------------------------
 
 
-def _adapter_address(value: str) -> str:
-    problem = address_problem(value) if value else None
-    if problem:
-        raise ValueError(problem)
-    return value
-
-
-class ClusterSpecModel(BaseModel):
-    """A cluster as RegisterCluster takes it."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class ClusterSpecModel(ClusterSpec):
+    """A cluster as RegisterCluster takes it: the shared spec plus its name."""
 
     id: Ident
-    zone: Ident
-    region: Ident = "local"
-    capacity: GpuMap = Field(default_factory=dict)
-    adapter_address: str = ""
-
-    _addr = pydantic.field_validator("adapter_address")(_adapter_address)
 
 
-class ZoneSpecModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class ZoneSpecModel(ZoneSpec):
     id: Ident
-    region: Ident = "local"
 
 
 _TOPOLOGY_FIELDS = {"id": "metadata.name"}

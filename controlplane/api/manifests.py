@@ -38,15 +38,14 @@ from google.protobuf import json_format
 from pydantic import BaseModel, ConfigDict
 
 from controlplane.api.v1 import api_pb2
-from controlplane.config import address_problem
 from controlplane.domain.errors import ValidationError
 from controlplane.domain.ids import id_problem
 from controlplane.domain.topology import Cluster, Zone
 from controlplane.specs import (
+    ClusterSpec,
     DeploymentBase,
-    GpuMap,
-    Ident,
     TenantSpec,
+    ZoneSpec,
     deployment_of,
     tenant_of,
 )
@@ -70,30 +69,6 @@ class ManifestError(Exception):
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-def _address(value: str) -> str:
-    if value:
-        problem = address_problem(value)
-        if problem:
-            raise ValueError(problem)
-    return value
-
-
-class ClusterSpecModel(_Strict):
-    zone: Ident
-    region: Ident = "local"
-    capacity: GpuMap = {}
-    adapter_address: str = ""
-
-    @pydantic.field_validator("adapter_address")
-    @classmethod
-    def _addr(cls, value: str) -> str:
-        return _address(value)
-
-
-class ZoneSpecModel(_Strict):
-    region: Ident = "local"
 
 
 @dataclass(frozen=True)
@@ -377,7 +352,7 @@ def parse_object(data: Any, source: str, index: int, node: yaml.Node | None = No
 
 
 _MODELS: dict[str, type[BaseModel]] = {
-    "Tenant": TenantSpec, "Deployment": DeploymentBase, "Cluster": ClusterSpecModel, "Zone": ZoneSpecModel,
+    "Tenant": TenantSpec, "Deployment": DeploymentBase, "Cluster": ClusterSpec, "Zone": ZoneSpec,
 }
 
 
