@@ -326,14 +326,16 @@ def _open_pool(
 ) -> _Pool:
     specs = {d.deployment.id: _spec(d, tenants[d.deployment.tenant]) for d in demands}
     order = tuple(sorted(specs, key=lambda i: (-specs[i].priority, specs[i].tenant, i)))
+    minimums: dict[TenantId, int] = {}
+    for s in specs.values():
+        minimums[s.tenant] = minimums.get(s.tenant, 0) + s.guaranteed * s.gpus
     budgets: dict[TenantId, _Budget] = {}
     for i in order:
         tid = specs[i].tenant
         if tid not in budgets:
-            minimums = sum(s.guaranteed * s.gpus for s in specs.values() if s.tenant == tid)
             tenant = tenants[tid]
             ceiling = tenant.ceiling_in(pool_id)
-            budgets[tid] = _Budget(tenant.quota_in(pool_id), ceiling, max(0, ceiling - minimums))
+            budgets[tid] = _Budget(tenant.quota_in(pool_id), ceiling, max(0, ceiling - minimums[tid]))
     kept = _trim_to_ceiling(order, specs, budgets)
     totals = {tid: 0 for tid in budgets}
     extras = {tid: 0 for tid in budgets}
@@ -366,8 +368,11 @@ def _trim_to_ceiling(
     """``min(have, want)``, then replicas above the minimums cut back to the tenant's ceiling budget,
     highest deployment id first."""
     kept = {i: min(specs[i].have, specs[i].want) for i in order}
+    by_tenant: dict[TenantId, list[DeploymentId]] = {}
+    for i in order:  # in ``order``, grouped by tenant once (not one scan of ``order`` per tenant)
+        by_tenant.setdefault(specs[i].tenant, []).append(i)
     for tid, budget in budgets.items():
-        mine = [i for i in order if specs[i].tenant == tid]
+        mine = by_tenant.get(tid, [])
         extra = sum(max(0, kept[i] - specs[i].guaranteed) * specs[i].gpus for i in mine)
         for i in reversed(mine):
             while extra > budget.extra and kept[i] > specs[i].guaranteed:

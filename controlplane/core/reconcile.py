@@ -46,7 +46,7 @@ finalizer.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from controlplane.core import breaker as br
@@ -90,6 +90,12 @@ class ReconcileConfig:
     """A Pending instance whose pod has not started warming after this long is declared lost."""
     warmup_timeout_ms: int = 600_000
     """A warm-up still unfinished after this long counts as failed (and feeds the breaker)."""
+    decider: Callable[[ControlState, Deployment, FilteredSignals | None, int], scaling.ScaleDecision] | None = field(
+        default=None, compare=False
+    )
+    """Replaces :func:`decide` for every deployment (None, the production default: ``core.scaling``).
+    The simulator plugs its baseline autoscalers (HPA, KPA, static, oracle) in here; the rest of
+    the plan (allocation, preemption, warm pool, placement) is the same for every policy."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +160,8 @@ class _Breakers:
     def __init__(self, replicated: Mapping[str, BreakerRecord]) -> None:
         self._replicated = replicated
         self.updated: dict[str, BreakerRecord] = {}
+        self.tripped = {k for k, r in replicated.items() if r.phase is not BreakerPhase.CLOSED}
+        """Keys whose record is not CLOSED now: every other key lets traffic through."""
 
     def get(self, key: str) -> BreakerRecord:
         return self.updated.get(key) or self._replicated.get(key, CLOSED_BREAKER)
@@ -161,6 +169,10 @@ class _Breakers:
     def put(self, key: str, rec: BreakerRecord) -> None:
         if rec != self.get(key):
             self.updated[key] = rec
+            if rec.phase is BreakerPhase.CLOSED:
+                self.tripped.discard(key)
+            else:
+                self.tripped.add(key)
 
     def commands(self) -> list[c.Command]:
         return [c.PutBreaker(k, r) for k, r in self.updated.items()]
@@ -278,7 +290,8 @@ def plan(
         cfg.max_creates_per_tick, evacuating,
     )
     deployments = [state.deployments[k] for k in sorted(state.deployments)]
-    decisions = {d.id: _decide(state, d, signals.get(d.id), now_ms) for d in deployments}
+    decider = cfg.decider or _decide
+    decisions = {d.id: decider(state, d, signals.get(d.id), now_ms) for d in deployments}
     allocation = preemption.allocate(
         state.tenants, [_demand(state, d, decisions[d.id].target, loads, evacuating) for d in deployments],
         _healthy_capacity(state, tick.breakers, now_ms), now_ms,
@@ -487,7 +500,9 @@ def _sleep_surplus(
 
 
 def _blocked(tick: _Tick, d: Deployment) -> set[ClusterId]:
-    blocked = set()
+    blocked: set[ClusterId] = set()
+    if not tick.breakers.tripped:  # every breaker is closed (the usual case): nothing is blocked
+        return blocked
     for cid in tick.state.clusters:
         for key in (cluster_key(cid), deployment_key(cid, d.id)):
             if not br.allows(tick.breakers.get(key), tick.now_ms):

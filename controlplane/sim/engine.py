@@ -17,17 +17,26 @@ from dataclasses import dataclass
 import structlog
 from prometheus_client import CollectorRegistry
 
-from controlplane.core import placement
-from controlplane.core.reconcile import ReconcileConfig
+from controlplane.core import placement, scaling
+from controlplane.core.reconcile import ReconcileConfig, current_replicas
+from controlplane.core.signals import FilteredSignals
 from controlplane.domain import commands as c
 from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId
 from controlplane.domain.instances import InstanceEvent, InstanceState, Transitioned
 from controlplane.domain.profiles import PROFILES
 from controlplane.domain.state import ControlState
+from controlplane.domain.tenants import Deployment
 from controlplane.runtime.loop import ControlLoop
 from controlplane.runtime.replicator import LocalReplicator
 from controlplane.runtime.transitions import TransitionRecorder
-from controlplane.sim.cluster import COMPLETE, DRAIN_DEADLINE, WARM_DONE, SimFleet, SimRequest
+from controlplane.sim.baselines import PodView, PolicyView, ReplicaPolicy
+from controlplane.sim.cluster import (
+    COMPLETE,
+    DRAIN_DEADLINE,
+    WARM_DONE,
+    SimFleet,
+    SimRequest,
+)
 from controlplane.sim.metrics import Collector, SimResult
 from controlplane.sim.scenario import Scenario, ScenarioError
 from controlplane.sim.workload import Request
@@ -64,9 +73,14 @@ class Simulation:
         seed: int,
         progress: Callable[[int, int], None] | None = None,
         logger: object | None = None,
+        policy: ReplicaPolicy | None = None,
     ) -> None:
+        """``policy``: a baseline autoscaler (:mod:`controlplane.sim.baselines`) that sets every
+        deployment's replica target instead of ``core.scaling`` (None: this project's policy). The
+        rest of the control loop (allocation, placement, lifecycle) is the same either way."""
         self.scenario = scenario
         self.seed = seed
+        self._policy = policy
         self._progress = progress
         spec = scenario.spec
         self.tick_ms = spec.tick_ms
@@ -94,9 +108,12 @@ class Simulation:
         self.recorder = TransitionRecorder(self.registry, logger or quiet)
         self.state = ControlState()
         self.replicator = LocalReplicator(self.state, self._on_transitions)
+        self._source = _Source(self.fleet, self.tick_ms)
+        config = ReconcileConfig(preemption_grace_ms=spec.preemption_grace_ms)
+        if policy is not None:
+            config = ReconcileConfig(preemption_grace_ms=spec.preemption_grace_ms, decider=self._decide_by_policy)
         self.loop = ControlLoop(
-            self.replicator, self.fleet, _Source(self.fleet, self.tick_ms), rng=random.Random(f"{seed}:control"),
-            config=ReconcileConfig(preemption_grace_ms=spec.preemption_grace_ms),
+            self.replicator, self.fleet, self._source, rng=random.Random(f"{seed}:control"), config=config,
         )
         self._bootstrap(scenario)
         self._requests = self._load(workloads)
@@ -124,8 +141,9 @@ class Simulation:
         for d in scenario.deployments:
             free = {cl.id: self.state.free_gpus(cl.id, d.pool) for cl in clusters}
             existing = list(self.state.instances_of(d.id))
-            chosen = placement.place(d, d.min_replicas, clusters, free, existing, ()).clusters
-            cmds: list[c.Command] = [c.SetDesired(d.id, d.min_replicas, 0, "initial fleet", 0)]
+            initial = d.min_replicas if self._policy is None else self._policy.initial_replicas(d)
+            chosen = placement.place(d, initial, clusters, free, existing, ()).clusters
+            cmds: list[c.Command] = [c.SetDesired(d.id, initial, 0, "initial fleet", 0)]
             for k, cid in enumerate(chosen):
                 iid = InstanceId(f"{d.id[:40]}-init-{k}")
                 cmds += [c.CreateInstance(iid, d.id, cid, 0), c.TransitionInstance(iid, InstanceEvent.START_WARMUP, 0),
@@ -143,6 +161,33 @@ class Simulation:
         for rid, r in enumerate(reqs):
             r.rid = rid
         return reqs
+
+    def _decide_by_policy(
+        self, state: ControlState, d: Deployment, sig: FilteredSignals | None, now_ms: int
+    ) -> scaling.ScaleDecision:
+        """The planner's decision step for a baseline policy: it sees this tick's per-instance
+        samples (the same ones the production filters read) and the instances' lifecycle states."""
+        assert self._policy is not None
+        obs = self._source.last
+        samples = {s.instance_id: s for s in obs.samples} if obs is not None else {}
+        pods = []
+        for inst in sorted(state.instances_of(d.id), key=lambda i: i.id):
+            if inst.state.terminal:
+                continue
+            s = samples.get(inst.id) if inst.state.serving else None
+            pods.append(PodView(inst.id, inst.state, None if s is None else float(s.running + s.waiting)))
+        gateway = dict(obs.gateway_waiting).get(d.id, 0) if obs is not None else 0
+        current = current_replicas(state, d)
+        want = self._policy.target(d, PolicyView(current, tuple(pods), gateway), now_ms)
+        target = min(max(want, d.min_replicas), d.max_replicas)
+        if target > current:
+            reason = scaling.ScaleReason.SCALE_UP
+        elif target < current:
+            reason = scaling.ScaleReason.SCALE_DOWN
+        else:
+            reason = scaling.ScaleReason.WITHIN_TOLERANCE
+        return scaling.ScaleDecision(target, 0, state.memory_of(d.id), reason,
+                                     f"{self._policy.name}: {current} -> {target} (asked {want})")
 
     def _schedule(self, at_ms: float, kind: int, payload: object) -> None:
         self._seq += 1
@@ -210,8 +255,11 @@ class _Source:
     def __init__(self, fleet: SimFleet, interval_ms: int) -> None:
         self._fleet = fleet
         self._interval_ms = interval_ms
+        self.last = None
+        """The latest observations gathered (what a baseline policy reads in the same tick)."""
 
     def gather(self, now_ms: int):
-        return self._fleet.gather(now_ms, self._interval_ms)
+        self.last = self._fleet.gather(now_ms, self._interval_ms)
+        return self.last
 
 
