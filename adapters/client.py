@@ -138,6 +138,13 @@ class RemoteAdapter:
             _raise_translated(exc)
 
 
+def _load_jumped(prev: InstanceSample, now: InstanceSample) -> bool:
+    """An instance's running + waiting grew by at least half (and by 2 requests) since its last sample:
+    the start of a burst, before anything queues."""
+    before, after = prev.running + prev.waiting, now.running + now.waiting
+    return after - before >= max(2, before / 2)
+
+
 class ClockMap:
     """Maps one adapter's clock onto the local one: ``local = remote + offset`` where ``offset`` is
     the smallest ``local_receive - remote_at`` over the last ``window`` batches."""
@@ -161,8 +168,13 @@ class RemoteObservations:
     """
 
     def __init__(self, addresses: Mapping[str, str], clock_ms: Callable[[], int], *,
-                 reconnect_max_s: float = 2.0, token: str | None = None, ca_file: str | None = None) -> None:
+                 reconnect_max_s: float = 2.0, token: str | None = None, ca_file: str | None = None,
+                 on_pressure: Callable[[], None] | None = None) -> None:
         self._clock_ms = clock_ms
+        self._on_pressure = on_pressure
+        """Called (from a stream thread) when a batch shows something to act on: queued requests or
+        lifecycle reports. The coordinator wakes its control loop with it instead of waiting for the
+        next periodic tick."""
         self._reconnect_max_s = reconnect_max_s
         self._token, self._ca_file = token, ca_file
         self._addresses = dict(addresses)
@@ -283,9 +295,12 @@ class RemoteObservations:
         clock = self._clocks[cid]
         clock.observe(batch.at_ms, self._clock_ms())
         obs = observations_of(batch, clock.offset() or 0)
+        pressure = bool(obs.reports) or any(n > 0 for _, n in obs.gateway_waiting)
         with self._lock:
             self.batches_received += 1
             for s in obs.samples:
+                prev = self._samples.get(s.instance_id)
+                pressure = pressure or s.waiting > 0 or (prev is not None and _load_jumped(prev, s))
                 self._samples[s.instance_id] = s
             room = MAX_PENDING_REPORTS - len(self._reports)
             self._reports.extend(obs.reports[:max(0, room)])
@@ -293,6 +308,8 @@ class RemoteObservations:
                 del self._gateway[key]
             for dep, n in obs.gateway_waiting:
                 self._gateway[(cid, dep)] = n
+        if pressure and self._on_pressure is not None:
+            self._on_pressure()
 
     # -- the ObservationSource port -------------------------------------------------------------
     def gather(self, now_ms: int) -> Observations:

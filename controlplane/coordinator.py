@@ -44,6 +44,9 @@ from raft.replicator import RaftReplicator
 
 log = structlog.get_logger("controlplane.coordinator")
 
+MIN_TICK_GAP_S = 0.02
+"""Least time between two ticks when observation batches wake the lease holder's loop."""
+
 
 @dataclass(frozen=True, slots=True)
 class Topology:
@@ -70,7 +73,10 @@ class Coordinator:
         adapter_token = _token_from(cfg.adapter_token_file, "adapter_token_file")
         self._admin_token = _admin_record(cfg)
         self.adapter = RemoteAdapter(dict(topology.adapters or {}), token=adapter_token)
-        self.observations = RemoteObservations(dict(topology.adapters or {}), wall_ms, token=adapter_token)
+        self._wake = threading.Event()
+        """Set by the observation streams when a batch shows pressure: the holder ticks at once."""
+        self.observations = RemoteObservations(dict(topology.adapters or {}), wall_ms, token=adapter_token,
+                                               on_pressure=self._wake.set)
         self.loop = ControlLoop(
             self.replicator, self.adapter, self.observations, rng=random.Random(),
             authority=self._authority, holder=cfg.node_id, act_delay_s=cfg.fault_act_delay_ms / 1000,
@@ -95,6 +101,7 @@ class Coordinator:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()  # the loop may be waiting for a batch
         if self._loop_thread is not None:
             self._loop_thread.join(5.0)
         if self.api is not None:
@@ -107,10 +114,15 @@ class Coordinator:
 
     # --- the control loop thread -------------------------------------------------------------------
     def _run_loop(self) -> None:
+        """Tick every ``tick_ms``, and on the lease holder also as soon as an observation batch
+        shows pressure (queued requests, lifecycle reports), at most once per ``MIN_TICK_GAP_S``:
+        a burst is acted on when it is seen, not up to a period later."""
         period_s = self.cfg.tick_ms / 1000
         next_at = time.monotonic()
         while not self._stop.is_set():
             now_ms = wall_ms()
+            self._wake.clear()
+            last_tick = time.monotonic()
             try:
                 self._bootstrap(now_ms)
                 self._follow_adapters()
@@ -119,9 +131,22 @@ class Coordinator:
                 log.info("tick_skipped", reason=type(exc).__name__, detail=str(exc))
             except ControlPlaneError as exc:
                 log.error("tick_failed", error=str(exc))
-            next_at += period_s
-            self._stop.wait(max(0.0, next_at - time.monotonic()))
-            next_at = max(next_at, time.monotonic() - period_s)  # never try to catch up a backlog
+            next_at = max(next_at + period_s, time.monotonic() - period_s)  # never try to catch up a backlog
+            self._wait_for_next_tick(next_at, last_tick)
+
+    def _wait_for_next_tick(self, next_at: float, last_tick: float) -> None:
+        while not self._stop.is_set():
+            left = next_at - time.monotonic()
+            if left <= 0:
+                return
+            if not self._wake.wait(left):
+                return  # the periodic tick is due
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            if self._authority(wall_ms()) is not None:
+                self._stop.wait(max(0.0, last_tick + MIN_TICK_GAP_S - time.monotonic()))
+                return  # the holder acts on the batch now
 
     def _authority(self, now_ms: int) -> int | None:
         """The lease epoch while this node may act. ``now_ms`` is the loop's wall clock; the lease

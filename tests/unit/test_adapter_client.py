@@ -428,3 +428,29 @@ def test_remote_adapter_ensure_replaces_the_channel() -> None:
         assert ra.ensure("c1", "127.0.0.1:3") is True
     finally:
         ra.close()
+
+
+def test_pressure_wakes_the_caller_only_for_batches_worth_acting_on(adapters) -> None:
+    server, backend = adapters.start("c1", wall_ms)
+    woken = threading.Event()
+    obs = RemoteObservations({"c1": addr(server)}, wall_ms, reconnect_max_s=0.2, on_pressure=woken.set)
+    obs.start()
+    try:
+        wait_until(lambda: obs.batches_received >= 1, what="the first batch")
+        idle_queue = lambda now: InstanceSample("i1", "d1", now, 2, 0, 0.25, 100.0, 200.0, 55.0, 1, 2, True)  # noqa: E731
+        backend.queue.append(lambda now: Observations(now, (idle_queue(now),)))  # busy, nothing queued
+        pumped(obs, server)
+        backend.queue.append(lambda now: Observations(now, (idle_queue(now),)))  # the same again: steady
+        pumped(obs, server)
+        assert not woken.is_set()
+        jump = lambda now: InstanceSample("i1", "d1", now, 4, 0, 0.25, 100.0, 200.0, 55.0, 1, 2, True)  # noqa: E731
+        backend.queue.append(lambda now: Observations(now, (jump(now),)))  # 2 -> 4 running, nothing queued yet
+        pumped(obs, server)
+        assert woken.is_set()
+        woken.clear()
+        queued = InstanceSample("i1", "d1", wall_ms(), 2, 5, 0.25, 100.0, 200.0, 55.0, 1, 2, True)  # 5 waiting
+        backend.queue.append(lambda now: Observations(now, (queued,)))
+        pumped(obs, server)
+        assert woken.is_set()
+    finally:
+        obs.close()
