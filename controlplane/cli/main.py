@@ -39,7 +39,12 @@ def _parser() -> argparse.ArgumentParser:
     bar.add_argument("--progress", dest="progress", action="store_true", default=None, help="show a progress bar")
     bar.add_argument("--no-progress", dest="progress", action="store_false")
 
-    sub.add_parser("demo", help="run the built-in multi-tenant demo scenario and print its summary")
+    demo = sub.add_parser("demo", help="the full system on this machine: 3 coordinators, 3 simulated clusters, two "
+                                       "tenants, a bursty workload, a leader kill; live view, summary and plot")
+    demo.add_argument("--trace", metavar="FILE", help="Azure LLM inference trace CSV for the high-priority deployment")
+    demo.add_argument("--duration-s", type=float, default=150, help="length of the workload in seconds (default 150)")
+    demo.add_argument("--no-live", dest="live", action="store_false", help="plain status lines instead of the live view")
+    demo.add_argument("--out", default="out", metavar="DIR", help="where demo-summary.json and demo.png go (default ./out)")
 
     coord = sub.add_parser("coordinator", help="run one coordinator (Raft member, lease, control loop, gRPC API)")
     coord.add_argument("--config", required=True, metavar="FILE", help="coordinator YAML (CONTROLPLANE_* env overrides)")
@@ -81,6 +86,24 @@ def _parser() -> argparse.ArgumentParser:
     br.add_argument("--trials", type=int, default=20, help="failover trials per system (default 20)")
     br.add_argument("--commits", type=int, default=300, help="sequential commits, and the burst size (default 300)")
     br.add_argument("--out", default="out", metavar="DIR", help="where bench-raft.md/.json/.png go (default ./out)")
+    bx = bench_sub.add_parser("reaction", help="step burst -> fenced command at the adapter: 3 coordinators + a simulated adapter")
+    bx.add_argument("--bursts", type=int, default=50, help="bursts measured (default 50)")
+    bx.add_argument("--deployments", type=int, default=8, help="deployments the bursts rotate over (default 8)")
+    bx.add_argument("--tick-ms", type=int, default=None, help="coordinators' tick_ms (default: the configuration default)")
+    bx.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    bx.add_argument("--out", default="out", metavar="DIR", help="where bench-reaction.md/.json/.png go (default ./out)")
+    bt = bench_sub.add_parser("tick", help="CPU cost of one leader tick (decide + plan, no I/O) for 100..10,000 deployments")
+    bt.add_argument("--deployments", type=int, action="append", metavar="N", help="fleet size, repeatable (default 100, 1000, 10000)")
+    bt.add_argument("--ticks", type=int, default=None, help="timed ticks per size (default: 200 / 60 / 20)")
+    bt.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    bt.add_argument("--out", default="out", metavar="DIR", help="where bench-tick.md/.json go (default ./out)")
+    bp = bench_sub.add_parser("policies", help="scaling quality on traces: this policy vs HPA, KPA, static peak, oracle")
+    bp.add_argument("--trace", action="append", metavar="FILE", help="Azure trace CSV, repeatable (default: the two Azure traces)")
+    bp.add_argument("--out", default="out/bench-policies", metavar="DIR", help="where results.json, report.md and PNGs go")
+    bp.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
+    bp.add_argument("--seed", type=int, default=0, help="random seed, the same for every policy (default 0)")
+    bp.add_argument("--rate-scale", type=float, default=1.0, help="compress trace time by this factor")
+    bp.add_argument("--limit-s", type=float, default=None, help="replay only the first seconds of each trace")
 
     sub.add_parser("token", help="create, list or revoke API tokens (as `tenantctl token`; see docs/tenantctl.md)",
                    add_help=False)
@@ -106,10 +129,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command in _SERVICE_COMMANDS:
             return _SERVICE_COMMANDS[args.command](args)
         if args.command == "demo":
-            return _simulate(argparse.Namespace(
-                scenario=None, trace=None, seed=None, json=False, plot=None, events=None, progress=None,
-                model=None, engine=None, rate_scale=1.0,
-            ))
+            from controlplane.cli.demo import run_cli as run_demo
+
+            return run_demo(args.trace, args.duration_s, args.live, args.out)
         return _simulate(args)
     except ControlPlaneError as exc:
         print(f"controlplane: error: {exc}", file=sys.stderr)
@@ -278,6 +300,18 @@ def _members(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    if args.bench == "reaction":
+        from controlplane.bench.reaction import run_cli as run_reaction
+
+        return run_reaction(args.bursts, args.out, args.json, deployments=args.deployments, tick_ms=args.tick_ms)
+    if args.bench == "tick":
+        from controlplane.bench.tick import run_cli as run_tick
+
+        return run_tick(args.out, args.json, args.deployments, args.ticks)
+    if args.bench == "policies":
+        from controlplane.bench.policies import run_cli as run_policies
+
+        return run_policies(args.trace, args.out, args.json, args.seed, rate_scale=args.rate_scale, limit_s=args.limit_s)
     from controlplane.bench.raft import run_cli
 
     return run_cli(args.trials, args.commits, args.out, args.json)
