@@ -17,8 +17,9 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 venv: $(STAMP)
 
+# The full system on this machine (docs/demo.md); `make demo TRACE=path.csv` replays an Azure trace.
 demo: $(STAMP)
-	$(BIN)/controlplane demo
+	$(BIN)/controlplane demo $(if $(TRACE),--trace '$(TRACE)')
 
 # The default suite: fast enough for CI on 2 cores. CP_SLOW=1 also runs the long tests.
 test: $(STAMP)

@@ -128,8 +128,11 @@ class _Stats:
 class SimulatedBackend:
     """:class:`~adapters.backend.Backend` over a real-time :class:`SimFleet` (thread-safe)."""
 
-    def __init__(self, cluster_id: str, config: SimulatedConfig, clock_ms: Callable[[], int] | None = None) -> None:
+    def __init__(self, cluster_id: str, config: SimulatedConfig, clock_ms: Callable[[], int] | None = None, *,
+                 on_request_done: Callable[[SimRequest, int], None] | None = None) -> None:
         self.cluster_id = ClusterId(cluster_id)
+        self._on_request_done = on_request_done
+        """Called (lock held) with every finished or dropped request: the demo scores TTFTs with it."""
         self._clock_ms = clock_ms or wall_ms
         self._cfg = {DeploymentId(d.deployment): d for d in config.deployments}
         self._default = config.default
@@ -166,6 +169,8 @@ class SimulatedBackend:
         else:
             st.completed += 1
             self._ttfts[req.deployment].append(req.first_token_ms - req.arrival_ms)
+        if self._on_request_done is not None:
+            self._on_request_done(req, now_ms)
 
     def _rate(self, dep: DeploymentId, t_ms: float) -> tuple[float, float]:
         """(requests/s at ``t_ms``, when that rate next changes: inf if never)."""
@@ -299,6 +304,15 @@ class SimulatedBackend:
                 raise NotFound("instance_id", f"{instance_id!r} is not running on cluster {self.cluster_id!r}")
             self.fleet.lose_instance(sim.id, self._now_ms)
 
+    def restart_load(self, origin_ms: int) -> None:
+        """Make ``origin_ms`` time zero of every deployment's load schedule (arrivals are drawn from
+        now on): a demo starts its workload when the group is ready, not when the adapter starts."""
+        with self._lock:
+            self._advance(self._clock_ms())
+            for dep in self._cfg:
+                self._origin_ms[dep] = float(origin_ms)
+                self._next_arrival[dep] = self._draw_arrival(dep, float(max(self._now_ms, origin_ms)))
+
     def statistics(self) -> dict[str, dict[str, object]]:
         with self._lock:
             self._advance(self._clock_ms())
@@ -313,5 +327,6 @@ class SimulatedBackend:
                     "gateway_waiting": len(self.fleet.gateway[dep]), "instances": phases,
                     "ttft_p50_ms": ttfts[len(ttfts) // 2] if ttfts else None,
                     "ttft_p99_ms": ttfts[min(len(ttfts) - 1, int(len(ttfts) * 0.99))] if ttfts else None,
+                    "gpu_ms": self.fleet.gpu_ms[dep] + self.fleet.live_gpu_ms(dep, self._now_ms),
                 }
             return out

@@ -233,14 +233,11 @@ def run_up(n: int, as_json: bool, root: str | None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    exe = [sys.executable, "-m", "controlplane.cli.main"]
     try:
         for a, config in zip(adapters, adapter_configs):
-            children.append(subprocess.Popen(exe + ["adapter", "--config", str(config)],
-                                             stdout=subprocess.DEVNULL, stderr=open(base / f"{a['id']}.log", "ab")))
+            children.append(spawn("adapter", config, base / f"{a['id']}.log"))
         for node in nodes:
-            children.append(subprocess.Popen(exe + ["coordinator", "--config", str(node.config)],
-                                             stdout=subprocess.DEVNULL, stderr=open(base / f"{node.node_id}.log", "ab")))
+            children.append(spawn_coordinator(node, base))
         listing = [{"node_id": nd.node_id, "zone": nd.zone, "api_address": nd.api_address,
                     "raft_address": nd.raft_address, "pid": ch.pid, "config": str(nd.config)}
                    for nd, ch in zip(nodes, children[len(adapters):])]
@@ -281,6 +278,22 @@ def run_up(n: int, as_json: bool, root: str | None) -> int:
         return 0
     finally:
         stop_children(children)
+
+
+CHILD_EXE = [sys.executable, "-m", "controlplane.cli.main"]
+
+
+def spawn(kind: str, config: Path, log: Path) -> subprocess.Popen:
+    """Start ``controlplane <kind> --config <config>`` (``coordinator`` or ``adapter``) as a child
+    process, its stderr (JSON log lines) appended to ``log``."""
+    with open(log, "ab") as err:
+        return subprocess.Popen(CHILD_EXE + [kind, "--config", str(config)], stdout=subprocess.DEVNULL, stderr=err)
+
+
+def spawn_coordinator(node: NodePlan, root: Path) -> subprocess.Popen:
+    """Start (or restart: same configuration and data) one coordinator of a planned group, logging
+    to ``root/<node id>.log``."""
+    return spawn("coordinator", node.config, root / f"{node.node_id}.log")
 
 
 def stop_children(children: list[subprocess.Popen], grace_s: float = STOP_GRACE_S) -> None:

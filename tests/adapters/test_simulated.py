@@ -388,3 +388,19 @@ def test_gateway_expiry_does_not_depend_on_how_often_the_backend_is_observed() -
     coarse = _dropped_before_warm(COLD * 2)
     assert coarse["arrived"] == fine["arrived"]
     assert coarse["dropped"] == pytest.approx(fine["dropped"], abs=1)
+
+
+def test_restart_load_moves_time_zero_and_every_request_reaches_the_callback() -> None:
+    clock = Clock()
+    seen: list[tuple[str, bool]] = []
+    cfg = SimulatedConfig(deployments=[dep(load=[(0, 0), (100, 20)])])
+    b = SimulatedBackend("c1", cfg, clock_ms=clock, on_request_done=lambda req, now: seen.append((req.deployment, req.dropped)))
+    clock.now += 50_000
+    b.restart_load(clock.now - 100_000)  # the 20 rps step (at 100 s) starts now instead of in 50 s
+    clock.now += 10_000
+    stats = b.statistics()["d1"]
+    assert 120 <= stats["arrived"] <= 280  # ~200 expected at 20 rps over 10 s
+    clock.now += 40_000  # no instance: every request waits at the gateway and expires (max_queue_ms 30 s)
+    b.statistics()
+    assert seen and all(d == "d1" and dropped for d, dropped in seen)
+    assert len(seen) == b.statistics()["d1"]["dropped"]

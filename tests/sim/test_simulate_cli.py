@@ -51,8 +51,8 @@ def test_seed_changes_the_run(traces_dir: Path) -> None:
     assert json.loads(a.stdout)["total"] != json.loads(b.stdout)["total"]
 
 
-def test_demo_prints_a_table_and_plot_is_a_png(tmp_path: Path) -> None:
-    out = run_cli("demo")
+def test_the_builtin_scenario_prints_a_table_and_plot_is_a_png(tmp_path: Path) -> None:
+    out = run_cli("simulate", "--no-progress")  # `controlplane demo` is the full system (tests/system/test_demo.py)
     assert out.returncode == 0, out.stderr
     assert "tenant chat" in out.stdout and "tenant batch" in out.stdout
     png = tmp_path / "demo.png"
