@@ -70,8 +70,10 @@ Warm pool: ``min(deployment.warm_pool, max_replicas - target)``, never negative.
 Compared with the baselines (``BENCHMARKS.md`` B): the HPA needs 15 s for a first decision and
 doubles at most per 15 s; Knative's panic reacts to a 6 s average every 2 s. Here a burst moves the
 target on the next 250 ms tick by up to ``max_step_up``; moderate rises follow the 4 s EWMA. The
-HPA holds scale-downs for 300 s; here 60 s of stabilization, a 30 s stable window, a 5 s cooldown and
-a 2-replica step, with a tolerance band, keep noisy load from flapping.
+HPA holds scale-downs for 300 s; here 600 s of stabilization (an LLM replica released between bursts
+takes a cold start to come back: on the bursty Azure code trace 60 s gave back capacity between
+bursts, missed the SLO on the next one and reversed 9x as often), a 30 s stable window, a 5 s
+cooldown and a 2-replica step, with a tolerance band, keep noisy load from flapping.
 """
 
 from __future__ import annotations

@@ -108,8 +108,10 @@ class ScalingPolicy:
     """Running + waiting requests one replica should carry (vLLM ``num_requests_running/waiting``)."""
     target_kv_usage: float = 0.70
     """KV-cache usage fraction (``vllm:kv_cache_usage_perc``) to aim for."""
-    target_token_utilization: float = 0.60
-    """Share of the profile's token throughput one replica should run at."""
+    target_token_utilization: float = 0.80
+    """Share of the profile's token throughput one replica should run at. The TTFT signal backs it
+    up when queueing at this utilisation breaks the SLO; a lower share buys headroom at a steady
+    cost (on the Azure conv trace 0.6 instead of 0.8 costs ~0.2 GPU-hours per hour for no SLO gain)."""
     tolerance: float = 0.10
     """No change while desired/current is within [1 - tolerance, 1 + tolerance]."""
     stable_window_ms: int = 30_000
@@ -122,8 +124,12 @@ class ScalingPolicy:
     """Enter panic when the panic-window demand is this many times the current capacity."""
     panic_hold_ms: int = 30_000
     """Stay in panic (no scale-down) this long after the last over-threshold tick."""
-    scale_down_stabilization_ms: int = 60_000
-    """Scale down only to the highest recommendation of this trailing window."""
+    scale_down_stabilization_ms: int = 600_000
+    """Scale down only to the highest recommendation of this trailing window. Long on purpose: an
+    LLM replica released between bursts costs a cold start (90 s for a 70B model) and an SLO miss
+    on the next burst to get back, while holding it costs only its GPU time; on the bursty Azure
+    code trace 600 s instead of 60 s raised SLO attainment from 55 % to 96 % and cut scale
+    reversals from 43 to 5 (``controlplane bench policies``). The Kubernetes HPA holds 300 s."""
     max_step_up: int = 32
     """Most replicas added by one decision."""
     max_step_down: int = 2

@@ -49,7 +49,7 @@ def trace_scenario(trace: str, *, model: str, engine: str, rate_scale: float, se
                 "pool": "h100",
                 "min_replicas": 1,
                 "max_replicas": 12,
-                "warm_pool": 1,
+                "warm_pool": 0,  # a 4-GPU model: a sleeping instance costs more than it saves here (docs/performance.md)
                 "workload": {"trace": str(Path(trace).resolve()), "rate_scale": rate_scale},
             }
         ],

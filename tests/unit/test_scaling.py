@@ -99,8 +99,8 @@ def test_tokens_demand_is_prefill_plus_decode_work_over_the_target() -> None:
     )
     assert demand(policy, PROFILE, {"prompt_tokens_per_s": 12_000.0})["tokens"] == pytest.approx(1.0)
     assert demand(policy, PROFILE, {"generation_tokens_per_s": 0.75 * capacity})["tokens"] == pytest.approx(1.5)
-    # default 60 % target: 43,200 prompt (1.8 busy) + 1.2 x capacity generated (1.2 busy) = 3 / 0.6 = 5
-    five = {"prompt_tokens_per_s": 43_200.0, "generation_tokens_per_s": 1.2 * capacity}
+    # default 80 % target: 72,000 prompt (3 busy) + 1 x capacity generated (1 busy) = 4 / 0.8 = 5
+    five = {"prompt_tokens_per_s": 72_000.0, "generation_tokens_per_s": 1.0 * capacity}
     assert demand(ScalingPolicy(), PROFILE, five)["tokens"] == pytest.approx(5.0, rel=1e-12)
     # a broken (negative) rate counts as 0, not as negative work
     neg = {"prompt_tokens_per_s": -1e9, "generation_tokens_per_s": 0.75 * capacity}
@@ -109,12 +109,12 @@ def test_tokens_demand_is_prefill_plus_decode_work_over_the_target() -> None:
 
 def test_tokens_proposal_can_win_a_decision() -> None:
     capacity = instance_token_capacity(PROFILE)
-    # concurrency asks 1 replica; tokens ask (43,200 / 24,000 + 1.2) / 0.6 = 5
-    d = at(deployment(), signals(0, 24.0, ptps=43_200.0, gtps=1.2 * capacity, serving=4), 4, 0)
+    # concurrency asks 1 replica; tokens ask (72,000 / 24,000 + 1.0) / 0.8 = 5
+    d = at(deployment(), signals(0, 24.0, ptps=72_000.0, gtps=1.0 * capacity, serving=4), 4, 0)
     assert d.proposals == {"concurrency": 1, "tokens": 5}
     assert (d.target, d.reason, d.panic) == (5, R.SCALE_UP, False)  # 5 < 1.6 x 4: not a panic
     assert "tokens 5.00" in d.message
-    no_profile = decide(deployment(), None, SLO, signals(0, 24.0, ptps=43_200.0, gtps=1.2 * capacity), EMPTY_MEMORY,
+    no_profile = decide(deployment(), None, SLO, signals(0, 24.0, ptps=72_000.0, gtps=1.0 * capacity), EMPTY_MEMORY,
                         4, 0)
     assert "tokens" not in no_profile.proposals
 
@@ -172,10 +172,11 @@ def test_scale_down() -> None:
 
 
 def test_stabilized_holds_at_the_highest_recent_recommendation() -> None:
-    held = at(deployment(), signals(30_000, 192.0), 10, 30_000, ScaleMemory(recs=((0, 10),)))
+    dep = deployment(scale_down_stabilization_ms=60_000)
+    held = at(dep, signals(30_000, 192.0), 10, 30_000, ScaleMemory(recs=((0, 10),)))
     assert (held.target, held.reason) == (10, R.STABILIZED)
     assert held.memory.recs == ((0, 10), (30_000, 8))
-    partial = at(deployment(), signals(30_000, 120.0), 10, 30_000, ScaleMemory(recs=((0, 9),)))
+    partial = at(dep, signals(30_000, 120.0), 10, 30_000, ScaleMemory(recs=((0, 9),)))
     assert (partial.target, partial.reason) == (9, R.STABILIZED)
     assert "highest recommendation in the last 60000ms is 9 (raw 5)" in partial.message
 
@@ -265,7 +266,7 @@ def test_level_signals_are_concurrency_and_kv() -> None:
 
 
 def _steady(**override: float) -> dict[str, float]:
-    """4 replicas' worth of concurrency and KV; tokens ask (7,200 / 24,000 + 0.6) / 0.6 = 1.5."""
+    """4 replicas' worth of concurrency and KV; tokens ask (7,200 / 24,000 + 0.6) / 0.8 = 1.125."""
     base = {
         "concurrency": 96.0, "kv_usage": 2.8, "prompt_tokens_per_s": 7_200.0,
         "generation_tokens_per_s": 0.6 * instance_token_capacity(PROFILE),
@@ -302,8 +303,8 @@ def test_a_latest_level_spike_triggers_panic(spike: dict[str, float]) -> None:
 
 
 def test_the_panic_window_mean_of_the_token_rates_still_triggers_panic() -> None:
-    # 3 s mean: 115,200 prompt tokens/s = 4.8 busy, + 0.6 = 5.4 / 0.6 = 9 >= 1.6 x 4
-    window = _steady(prompt_tokens_per_s=115_200.0)
+    # 3 s mean: 158,400 prompt tokens/s = 6.6 busy, + 0.6 = 7.2 / 0.8 = 9 >= 1.6 x 4
+    window = _steady(prompt_tokens_per_s=158_400.0)
     d = at(deployment(), FilteredSignals(1_000, 4, _steady(), window, None, _steady()), 4, 1_000)
     assert (d.target, d.reason, d.panic) == (9, R.PANIC, True)
     assert "panic 9" in d.message
@@ -350,7 +351,7 @@ def test_timeline_panic_extends_while_over_threshold() -> None:
 
 def test_timeline_stabilization_window_boundary() -> None:
     # 10 replicas recommended during second 0; load then drops to 6.25 replicas' worth.
-    narrate(deployment(), 10, [
+    narrate(deployment(scale_down_stabilization_ms=60_000), 10, [
         (0, signals(0, 240.0), 10, R.WITHIN_TOLERANCE),
         (999, signals(999, 240.0), 10, R.WITHIN_TOLERANCE),
         (1_000, signals(1_000, 150.0), 10, R.STABILIZED),
@@ -525,11 +526,12 @@ def test_step_burst_x5_is_followed_within_one_decision() -> None:
 
 
 def test_burst_then_calm_returns_to_the_base_level() -> None:
-    loads = [96.0] * 120 + [480.0] * 80 + [96.0] * 1_200  # 20 s burst, then 5 minutes calm
+    loads = [96.0] * 120 + [480.0] * 80 + [96.0] * 3_120  # 20 s burst, then 13 minutes calm
     targets = [d.target for d in run(loads, 4)]
     assert max(targets) == 20
     peak_end = max(i for i, t in enumerate(targets) if t == 20)
     assert peak_end * TICK_MS >= (120 + 30 * 4) * TICK_MS  # held for the panic hold at least
+    assert targets[200 + 5 * 240] > 4  # 5 minutes later still above base (600 s stabilization)
     assert targets[-1] == 4
     assert reversals([4] + targets) == 1  # one way up, one way down
 
