@@ -138,11 +138,14 @@ class RemoteAdapter:
             _raise_translated(exc)
 
 
-def _load_jumped(prev: InstanceSample, now: InstanceSample) -> bool:
-    """An instance's running + waiting grew by at least half (and by 2 requests) since its last sample:
-    the start of a burst, before anything queues."""
+def _load_jumped(prev: InstanceSample | None, now: InstanceSample) -> bool:
+    """A burst starting at this instance: its queue grew, or its running + waiting grew by at least
+    half (and by 2 requests) since its last sample. A queue that stays long (sustained overload) is
+    not news: the periodic tick handles it, so pressure never makes the holder tick flat out."""
+    if prev is None:
+        return now.waiting > 0
     before, after = prev.running + prev.waiting, now.running + now.waiting
-    return after - before >= max(2, before / 2)
+    return now.waiting > prev.waiting or after - before >= max(2, before / 2)
 
 
 class ClockMap:
@@ -295,12 +298,13 @@ class RemoteObservations:
         clock = self._clocks[cid]
         clock.observe(batch.at_ms, self._clock_ms())
         obs = observations_of(batch, clock.offset() or 0)
-        pressure = bool(obs.reports) or any(n > 0 for _, n in obs.gateway_waiting)
+        pressure = bool(obs.reports)
         with self._lock:
             self.batches_received += 1
+            pressure = pressure or any(n > self._gateway.get((cid, dep), 0) for dep, n in obs.gateway_waiting)
             for s in obs.samples:
                 prev = self._samples.get(s.instance_id)
-                pressure = pressure or s.waiting > 0 or (prev is not None and _load_jumped(prev, s))
+                pressure = pressure or _load_jumped(prev, s)
                 self._samples[s.instance_id] = s
             room = MAX_PENDING_REPORTS - len(self._reports)
             self._reports.extend(obs.reports[:max(0, room)])

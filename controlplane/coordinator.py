@@ -115,8 +115,8 @@ class Coordinator:
     # --- the control loop thread -------------------------------------------------------------------
     def _run_loop(self) -> None:
         """Tick every ``tick_ms``, and on the lease holder also as soon as an observation batch
-        shows pressure (queued requests, lifecycle reports), at most once per ``MIN_TICK_GAP_S``:
-        a burst is acted on when it is seen, not up to a period later."""
+        shows new pressure (a queue that grew, a jump in load, lifecycle reports), at most once per
+        ``MIN_TICK_GAP_S``: a burst is acted on when it is seen, not up to a period later."""
         period_s = self.cfg.tick_ms / 1000
         next_at = time.monotonic()
         while not self._stop.is_set():

@@ -658,7 +658,7 @@ def run_bench(bursts: int, out_dir: Path, *, n_deps: int = DEPLOYMENTS, tick_ms:
         "met": p99 is not None and p99 < TARGET_P99_MS and not result["latency_ms"]["failed"],
         "ratio_to_target": None if p99 is None else round(p99 / TARGET_P99_MS, 2),
         "tick_ms": cfg.tick_ms,
-        "note": ("the lease holder ticks as soon as a batch shows pressure (queued requests, a jump in load, "
+        "note": ("the lease holder ticks as soon as a batch shows new pressure (a queue that grew, a jump in load, "
                  "lifecycle reports), at most every 20 ms, besides its periodic tick"),
     }
     result["duration_s"] = round(time.monotonic() - started, 1)

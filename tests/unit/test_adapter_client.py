@@ -448,9 +448,13 @@ def test_pressure_wakes_the_caller_only_for_batches_worth_acting_on(adapters) ->
         pumped(obs, server)
         assert woken.is_set()
         woken.clear()
-        queued = InstanceSample("i1", "d1", wall_ms(), 2, 5, 0.25, 100.0, 200.0, 55.0, 1, 2, True)  # 5 waiting
-        backend.queue.append(lambda now: Observations(now, (queued,)))
+        queued = lambda now: InstanceSample("i1", "d1", now, 4, 5, 0.25, 100.0, 200.0, 55.0, 1, 2, True)  # noqa: E731
+        backend.queue.append(lambda now: Observations(now, (queued(now),)))  # a queue forms: 5 waiting
         pumped(obs, server)
         assert woken.is_set()
+        woken.clear()
+        backend.queue.append(lambda now: Observations(now, (queued(now),)))  # the same queue: sustained, not news
+        pumped(obs, server)
+        assert not woken.is_set()
     finally:
         obs.close()
