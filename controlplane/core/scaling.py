@@ -156,9 +156,20 @@ def _ceil(x: float) -> int:
     return max(0, math.ceil(x - _EPS))
 
 
+_CAPACITY: dict[int, tuple[ModelProfile, float]] = {}
+"""``instance_token_capacity`` per profile object (by identity; the profile is kept alive with its
+value so its id is never reused). Profiles are frozen, so the value never goes stale."""
+
+
 def instance_token_capacity(profile: ModelProfile) -> float:
     """Tokens/s one instance sustains: decode throughput at the batch limit ``max_num_seqs``."""
-    return profile.decode_tokens_per_s(profile.max_num_seqs)
+    hit = _CAPACITY.get(id(profile))
+    if hit is not None and hit[0] is profile:
+        return hit[1]
+    value = profile.decode_tokens_per_s(profile.max_num_seqs)
+    if len(_CAPACITY) < 1024:  # a bounded cache: profiles are a handful of module constants
+        _CAPACITY[id(profile)] = (profile, value)
+    return value
 
 
 def demand(policy: ScalingPolicy, profile: ModelProfile | None, values: Mapping[str, float]) -> dict[str, float]:

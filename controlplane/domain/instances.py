@@ -40,17 +40,27 @@ class InstanceState(enum.Enum):
 
     @property
     def terminal(self) -> bool:
-        return self in (InstanceState.TERMINATED, InstanceState.FAILED)
+        return self in TERMINAL_STATES
 
     @property
     def serving(self) -> bool:
         """Counts as serving capacity: accepts and processes requests."""
-        return self in (InstanceState.READY, InstanceState.BUSY)
+        return self in SERVING_STATES
 
     @property
     def holds_gpus(self) -> bool:
         """Holds its GPU allocation (every non-terminal state: a Pending pod has been scheduled)."""
-        return not self.terminal
+        return self not in TERMINAL_STATES
+
+
+# Fast lookup tables for hot loops: the same members the properties above test, so they can never
+# disagree. Tuples, not sets: ``in`` on a tuple compares by identity first, while hashing a member
+# calls ``Enum.__hash__`` (Python code in 3.11), so for two members a tuple is ~3x faster than a
+# frozenset and ~5x faster than the property (a method call plus class attribute accesses).
+TERMINAL_STATES: tuple[InstanceState, ...] = (InstanceState.TERMINATED, InstanceState.FAILED)
+"""States :attr:`InstanceState.terminal` is true for."""
+SERVING_STATES: tuple[InstanceState, ...] = (InstanceState.READY, InstanceState.BUSY)
+"""States :attr:`InstanceState.serving` is true for."""
 
 
 class InstanceEvent(enum.Enum):

@@ -31,7 +31,7 @@ from controlplane.core.reconcile import LiveDecision
 from controlplane.domain import commands as c
 from controlplane.domain.errors import StaleEpoch, TemporaryError
 from controlplane.domain.ids import DeploymentId, InstanceId
-from controlplane.domain.instances import Instance, InstanceEvent
+from controlplane.domain.instances import SERVING_STATES, Instance, InstanceEvent
 from controlplane.domain.observations import (
     InstanceReport,
     InstanceSample,
@@ -223,7 +223,7 @@ class ControlLoop:
         loads: dict[InstanceId, float] = {}
         for s in obs.samples:
             inst = state.instances.get(s.instance_id)
-            if inst is None or not inst.state.serving:
+            if inst is None or inst.state not in SERVING_STATES:
                 continue
             by_dep.setdefault(inst.deployment, []).append(s)
             target = state.deployments[inst.deployment].policy.target_concurrency
