@@ -119,6 +119,7 @@ class Coordinator:
         ``MIN_TICK_GAP_S``: a burst is acted on when it is seen, not up to a period later."""
         period_s = self.cfg.tick_ms / 1000
         next_at = time.monotonic()
+        early = False
         while not self._stop.is_set():
             now_ms = wall_ms()
             self._wake.clear()
@@ -131,22 +132,26 @@ class Coordinator:
                 log.info("tick_skipped", reason=type(exc).__name__, detail=str(exc))
             except ControlPlaneError as exc:
                 log.error("tick_failed", error=str(exc))
-            next_at = max(next_at + period_s, time.monotonic() - period_s)  # never try to catch up a backlog
-            self._wait_for_next_tick(next_at, last_tick)
+            if not early:  # an early tick keeps the periodic schedule where it was
+                next_at = max(next_at + period_s, time.monotonic() - period_s)  # never catch up a backlog
+            early = self._wait_for_next_tick(next_at, last_tick)
 
-    def _wait_for_next_tick(self, next_at: float, last_tick: float) -> None:
+    def _wait_for_next_tick(self, next_at: float, last_tick: float) -> bool:
+        """Wait for the periodic tick at ``next_at``; True when the holder is woken earlier by new
+        pressure (and has waited out ``MIN_TICK_GAP_S`` since ``last_tick``)."""
         while not self._stop.is_set():
             left = next_at - time.monotonic()
             if left <= 0:
-                return
+                return False
             if not self._wake.wait(left):
-                return  # the periodic tick is due
+                return False  # the periodic tick is due
             self._wake.clear()
             if self._stop.is_set():
-                return
+                return False
             if self._authority(wall_ms()) is not None:
                 self._stop.wait(max(0.0, last_tick + MIN_TICK_GAP_S - time.monotonic()))
-                return  # the holder acts on the batch now
+                return True  # the holder acts on the batch now
+        return False
 
     def _authority(self, now_ms: int) -> int | None:
         """The lease epoch while this node may act. ``now_ms`` is the loop's wall clock; the lease
