@@ -4,6 +4,7 @@ fixed sleep standing in for an assertion."""
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -21,3 +22,19 @@ def wait_until(fn: Callable[[], T], timeout_s: float = 5.0, what: str = "conditi
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
         time.sleep(interval_s)
+
+
+def listening(address: str) -> bool:
+    """Whether something accepts TCP connections at ``host:port`` now."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def wait_listening(addresses: list[str], timeout_s: float = 30.0) -> None:
+    """Wait until every ``host:port`` accepts connections (a process started, like a readiness probe)."""
+    for address in addresses:
+        wait_until(lambda a=address: listening(a), timeout_s, f"{address} to accept connections", 0.05)

@@ -20,6 +20,7 @@ from pathlib import Path
 import yaml
 
 from controlplane.cli.up import plan_group, stop_children
+from tests.support.waiting import wait_listening
 
 REPO = Path(__file__).resolve().parents[2]
 EXE = [sys.executable, "-m", "controlplane.cli.main"]
@@ -83,6 +84,9 @@ def test_a_burst_scales_a_simulated_cluster_up_and_the_calm_drains_it(tmp_path: 
     env = dict(os.environ, PYTHONPATH=str(REPO))
     procs = [subprocess.Popen(EXE + ["adapter", "--config", str(adapter_cfg)], env=env, stdout=subprocess.DEVNULL,
                               stderr=open(tmp_path / "adapter.log", "ab"))]
+    # The adapter listens before the coordinators start (a readiness probe's job in a deployment): a
+    # create sent while it is still starting fails, and the instance is rightly declared failed.
+    wait_listening([cluster["adapter_address"]])
     procs += [subprocess.Popen(EXE + ["coordinator", "--config", str(n.config)], env=env, stdout=subprocess.DEVNULL,
                                stderr=open(tmp_path / f"{n.node_id}.log", "ab")) for n in nodes]
     node_ids = [n.node_id for n in nodes]

@@ -26,6 +26,7 @@ from controlplane.api.admin import Credentials, fetch_status
 from controlplane.cli.up import plan_group
 from controlplane.tokens import new_token
 from tests.support.faultproxy import Partitioner
+from tests.support.waiting import wait_listening
 
 REPO = Path(__file__).resolve().parents[2]
 EXE = [sys.executable, "-m", "controlplane.cli.main"]
@@ -54,6 +55,9 @@ class Group:
                 EXE + ["adapter", "--cluster", a["id"], "--listen", a["adapter_address"], "--state-dir",
                        str(self.root / "adapters"), "--record", str(self.record(a["id"]))],
                 env=env, stdout=subprocess.DEVNULL, stderr=open(self.root / f"{a['id']}.log", "ab")))
+        # The adapters listen before the coordinators start, as a readiness probe would ensure: on a
+        # busy machine an adapter still importing would otherwise miss the first holder's fences.
+        wait_listening([a["adapter_address"] for a in self.adapters])
         for node in self.nodes:
             self.procs[node.node_id] = subprocess.Popen(
                 EXE + ["coordinator", "--config", str(node.config)], env=env,
