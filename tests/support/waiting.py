@@ -4,6 +4,7 @@ fixed sleep standing in for an assertion."""
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from collections.abc import Callable
@@ -38,3 +39,12 @@ def wait_listening(addresses: list[str], timeout_s: float = 30.0) -> None:
     """Wait until every ``host:port`` accepts connections (a process started, like a readiness probe)."""
     for address in addresses:
         wait_until(lambda a=address: listening(a), timeout_s, f"{address} to accept connections", 0.05)
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (a zombie not yet reaped counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

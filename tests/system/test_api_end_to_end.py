@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.waiting import wait_until
+from tests.support.waiting import alive, wait_until
 
 UP = [sys.executable, "-m", "controlplane.cli.main", "up"]
 TENANTCTL = [sys.executable, "-m", "controlplane.cli.tenantctl"]
@@ -85,14 +85,6 @@ OURS = {"chat-a": "team-a", "chat-b": "team-b"}
 # --------------------------------------------------------------------------------------------------
 # the group and tenantctl
 # --------------------------------------------------------------------------------------------------
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @dataclass

@@ -7,22 +7,15 @@ the PNG, and leave no process behind."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from tests.support.waiting import alive
+
 EXE = [sys.executable, "-m", "controlplane.cli.main"]
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_demo_runs_the_whole_system_fails_over_and_cleans_up(tmp_path: Path) -> None:

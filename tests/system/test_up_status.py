@@ -12,17 +12,9 @@ from pathlib import Path
 
 import yaml
 
-from tests.support.waiting import wait_until
+from tests.support.waiting import alive, wait_until
 
 EXE = [sys.executable, "-m", "controlplane.cli.main"]
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_up_prints_endpoints_status_shows_one_lease_holder_and_sigterm_stops_everything(tmp_path: Path) -> None:
