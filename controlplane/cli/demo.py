@@ -185,6 +185,10 @@ class TtftScore:
         with self._lock:
             return self._met.get(deployment, 0)
 
+    def count(self, deployment: str) -> int:
+        with self._lock:
+            return len(self._ttfts.get(deployment, ()))
+
     def ttft_lists(self) -> dict[str, list[int]]:
         with self._lock:
             return {d: list(xs) for d, xs in self._ttfts.items()}
@@ -206,7 +210,7 @@ class DemoCluster:
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         return {dep: {"arrived": st["arrived"], "completed": st["completed"], "dropped": st["dropped"],
-                      "met": self.score.met(dep), "gpu_ms": st["gpu_ms"], "ttfts": len(self.score.ttft_lists().get(dep, ()))}
+                      "met": self.score.met(dep), "gpu_ms": st["gpu_ms"], "ttfts": self.score.count(dep)}
                 for dep, st in self.backend.statistics().items()}
 
 
