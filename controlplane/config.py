@@ -11,6 +11,12 @@ by the upper-cased field name, e.g. ``CONTROLPLANE_NODE_ID=coord-b``,
 ``CONTROLPLANE_DATA_DIR=/var/lib/cp``. ``CONTROLPLANE_PEERS`` takes a JSON list of peer objects. An
 empty value counts as set (and usually fails validation), so unset a variable to drop an override.
 
+One file for every member (a Kubernetes StatefulSet, ``deploy/``): ``peers`` may list this node
+itself. The entry whose ``node_id`` is this node's (typically ``CONTROLPLANE_NODE_ID`` set from the
+pod name) is removed from ``peers`` and supplies ``zone``, ``raft_address`` and ``api_address`` where
+the file and the environment leave them out. An explicit ``zone`` wins (the pod's real zone); an
+entry whose address differs from an explicit one is another node under the same id (an error).
+
 Timing rules (cross-field, all in milliseconds; ``V = lease_duration*(1-drift_rho) - lease_margin``
 is how long a holder may act after *sending* a successful renewal):
 
@@ -520,6 +526,7 @@ def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = No
         data = {**raw, **env_overrides(env)}
     except ConfigError as exc:
         raise ConfigError(f"{p}: {exc}", file=str(p), field=exc.field) from exc
+    data = _self_from_peers(data)
     for name in _FILE_FIELDS:
         if name in data:
             data[name] = _relative_to(p, data[name])
@@ -531,6 +538,25 @@ def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = No
     except PydanticValidationError as exc:
         field, problem = first_problem(exc)
         raise ConfigError(f"{p}: {field}: {problem}" if field else f"{p}: {problem}", file=str(p), field=field) from exc
+
+
+def _self_from_peers(data: dict[str, Any]) -> dict[str, Any]:
+    """Drop this node's own entry from ``peers`` and fill its missing identity fields from it (see the
+    module docstring). Anything unusual (no such entry, two of them, not a list) is left to validation."""
+    peers, me = data.get("peers"), data.get("node_id")
+    if not isinstance(peers, list) or not isinstance(me, str):
+        return data
+    mine = [i for i, entry in enumerate(peers) if isinstance(entry, dict) and entry.get("node_id") == me]
+    if len(mine) != 1:
+        return data
+    entry = peers[mine[0]]
+    if any(key in entry and key in data and data[key] != entry[key] for key in ("raft_address", "api_address")):
+        return data  # another node under this id: validation reports the id used twice
+    out = {**data, "peers": [e for i, e in enumerate(peers) if i != mine[0]]}
+    for key in ("zone", "raft_address", "api_address"):
+        if key in entry and key not in out:
+            out[key] = entry[key]
+    return out
 
 
 def _relative_to(config_path: Path, value: Any) -> Any:

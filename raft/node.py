@@ -70,6 +70,8 @@ SNAPSHOT_FILE = "raft.snapshot"
 BIND_ATTEMPTS = 10
 BIND_RETRY_S = 0.2
 STOP_JOIN_S = 5.0
+DNS_CACHE_S = 1.0
+"""How long a peer name's DNS answer (or failure) is reused before the next dial resolves it again."""
 
 
 def monotonic_ms() -> int:
@@ -398,6 +400,12 @@ class RaftNode:
             autoTick=False,
             bindRetryTime=0.05,
             maxBindRetries=1,
+            # pysyncobj caches a peer's DNS answer for 600 s by default; on Kubernetes a restarted
+            # coordinator keeps its name but gets a new pod IP, so peers would dial the dead IP for
+            # up to 10 minutes (two restarts in a rolling upgrade = no quorum). Names are resolved
+            # only when a connection is (re)dialled, so a short cache costs one lookup per retry.
+            dnsCacheTime=DNS_CACHE_S,
+            dnsFailCacheTime=DNS_CACHE_S,
         )
 
     def _tick_wait_s(self) -> float:

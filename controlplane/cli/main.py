@@ -107,6 +107,11 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("token", help="create, list or revoke API tokens (as `tenantctl token`; see docs/tenantctl.md)",
                    add_help=False)
+    hc = sub.add_parser("health", help="grpc.health.v1 Check of a coordinator (TLS from its config) or an adapter; "
+                                       "exit 0 when SERVING (container probes)")
+    from controlplane.cli.health import add_arguments as add_health_arguments
+
+    add_health_arguments(hc)
     pr = sub.add_parser("probe", help="read one inference engine once through its driver and print the observation")
     pr.add_argument("--engine", required=True, choices=("vllm", "triton", "deepspeed-mii"))
     pr.add_argument("--url", required=True, metavar="URL", help="vLLM server, Triton HTTP port, or MII REST URL .../mii/NAME")
@@ -328,6 +333,15 @@ def _probe(args: argparse.Namespace) -> int:
 
 
 _SERVICE_COMMANDS["probe"] = _probe
+
+
+def _health(args: argparse.Namespace) -> int:
+    from controlplane.cli.health import run_cli
+
+    return run_cli(args)
+
+
+_SERVICE_COMMANDS["health"] = _health
 
 
 def _simulate(args: argparse.Namespace) -> int:
