@@ -255,6 +255,18 @@ def _service_logging() -> None:
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )
+    # Modules that log through the standard library (the lease guard, the Raft node, pysyncobj)
+    # come out as the same JSON lines instead of bare text (or nothing: no handler by default).
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[structlog.stdlib.add_log_level, structlog.stdlib.add_logger_name,
+                           structlog.processors.TimeStamper(fmt="iso", utc=True)],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, structlog.processors.format_exc_info,
+                    structlog.processors.JSONRenderer(sort_keys=True)],
+    ))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
 
 
 def _on_signals(stop):
