@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from controlplane.bench.policies import FRONTIER, pareto, versus
 from tests.conftest import long_mode
 
 POLICIES = ["controlplane", "hpa", "kpa", "static", "oracle"]
@@ -53,7 +54,19 @@ def test_bench_policies_json_files_and_bound(tmp_path: Path, traces_dir: Path) -
         assert by["oracle"]["slo_attainment"] >= 0.99
         assert by["oracle"]["ratio_to_bound"] == 1.0
         assert by["static"]["scale_reversals"] == 0
-        assert set(trace["targets"]) >= {"slo_vs_best", "gpu_saving_vs_static", "reversal_cut_vs_hpa"}
+        assert set(trace["targets"]) >= {"slo_vs_best", "gpu_saving_vs_static", "reversal_cut_vs_hpa",
+                                          "frontier_vs_hpa", "frontier_vs_kpa"}
+        front = trace["frontier"]
+        assert [p["gpu_hours"] for p in front] == sorted(p["gpu_hours"] for p in front)
+        assert len(front) == len(FRONTIER) + 1 and sum(p["default"] for p in front) == 1
+        default = next(p for p in front if p["default"])
+        assert (default["slo_attainment"], default["gpu_hours"]) == (by["controlplane"]["slo_attainment"],
+                                                                     by["controlplane"]["gpu_hours"])
+        for name in ("hpa", "kpa"):
+            v = trace["targets"][f"frontier_vs_{name}"]
+            assert v["met"] == (v["dominated_by"] is not None)
+            if v["best_slo_at_no_more_gpu_hours"] is not None:
+                assert v["best_slo_at_no_more_gpu_hours"]["gpu_hours"] <= by[name]["gpu_hours"]
     assert json.loads((out / "results.json").read_text()) == result
     report = (out / "report.md").read_text()
     assert "| policy | SLO attainment |" in report and "x bound" in report
@@ -69,3 +82,31 @@ def test_bench_policies_rejects_a_missing_trace(tmp_path: Path) -> None:
     )
     assert res.returncode != 0
     assert "nope.csv" in res.stderr and "Traceback" not in res.stderr
+
+
+def _p(slo: float, gpu: float) -> dict:
+    return {"slo_attainment": slo, "gpu_hours": gpu, "scale_stabilization_s": 0, "default": False}
+
+
+def test_versus_compares_at_equal_gpu_hours_and_equal_attainment() -> None:
+    points = [_p(0.50, 10.0), _p(0.90, 15.0), _p(0.99, 20.0)]
+    # a baseline at 0.60 / 16 GPU-h: 0.90 at 15 is cheaper and better -> dominated
+    v = versus(_p(0.60, 16.0), points)
+    assert v["best_slo_at_no_more_gpu_hours"] == points[1]
+    assert v["fewest_gpu_hours_at_no_less_slo"] == points[1]
+    assert v["dominated_by"] == points[1] and v["met"]
+    # a baseline at 0.95 / 12 GPU-h: at <= 12 we only reach 0.50, and 0.95 costs us 20 -> not dominated
+    v = versus(_p(0.95, 12.0), points)
+    assert v["best_slo_at_no_more_gpu_hours"] == points[0]
+    assert v["fewest_gpu_hours_at_no_less_slo"] == points[2]
+    assert v["dominated_by"] is None and not v["met"]
+    # equal on both is not better: a tie does not count
+    v = versus(_p(0.90, 15.0), points)
+    assert v["dominated_by"] is None and not v["met"]
+    # cheaper than anything we measured: nothing at no more GPU-hours
+    assert versus(_p(0.10, 5.0), points)["best_slo_at_no_more_gpu_hours"] is None
+
+
+def test_pareto_keeps_only_points_nothing_beats() -> None:
+    a, b, c, d = _p(0.5, 10.0), _p(0.4, 12.0), _p(0.9, 15.0), _p(0.9, 16.0)
+    assert pareto([d, c, b, a]) == [a, c]  # b is dearer and worse than a; d dearer than c at equal attainment

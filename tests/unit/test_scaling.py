@@ -99,8 +99,8 @@ def test_tokens_demand_is_prefill_plus_decode_work_over_the_target() -> None:
     )
     assert demand(policy, PROFILE, {"prompt_tokens_per_s": 12_000.0})["tokens"] == pytest.approx(1.0)
     assert demand(policy, PROFILE, {"generation_tokens_per_s": 0.75 * capacity})["tokens"] == pytest.approx(1.5)
-    # default 80 % target: 72,000 prompt (3 busy) + 1 x capacity generated (1 busy) = 4 / 0.8 = 5
-    five = {"prompt_tokens_per_s": 72_000.0, "generation_tokens_per_s": 1.0 * capacity}
+    # default 90 % target: 72,000 prompt (3 busy) + 1.5 x capacity generated (1.5 busy) = 4.5 / 0.9 = 5
+    five = {"prompt_tokens_per_s": 72_000.0, "generation_tokens_per_s": 1.5 * capacity}
     assert demand(ScalingPolicy(), PROFILE, five)["tokens"] == pytest.approx(5.0, rel=1e-12)
     # a broken (negative) rate counts as 0, not as negative work
     neg = {"prompt_tokens_per_s": -1e9, "generation_tokens_per_s": 0.75 * capacity}
@@ -109,8 +109,8 @@ def test_tokens_demand_is_prefill_plus_decode_work_over_the_target() -> None:
 
 def test_tokens_proposal_can_win_a_decision() -> None:
     capacity = instance_token_capacity(PROFILE)
-    # concurrency asks 1 replica; tokens ask (72,000 / 24,000 + 1.0) / 0.8 = 5
-    d = at(deployment(), signals(0, 24.0, ptps=72_000.0, gtps=1.0 * capacity, serving=4), 4, 0)
+    # concurrency asks 1 replica; tokens ask (72,000 / 24,000 + 1.5) / 0.9 = 5
+    d = at(deployment(), signals(0, 24.0, ptps=72_000.0, gtps=1.5 * capacity, serving=4), 4, 0)
     assert d.proposals == {"concurrency": 1, "tokens": 5}
     assert (d.target, d.reason, d.panic) == (5, R.SCALE_UP, False)  # 5 < 1.6 x 4: not a panic
     assert "tokens 5.00" in d.message
@@ -289,7 +289,7 @@ def test_a_huge_latest_token_rate_does_not_trigger_panic(spike: dict[str, float]
     assert (d.target, d.reason, d.panic) == (4, R.WITHIN_TOLERANCE, False)
     assert d.memory.panic_until_ms == 0 and d.memory.panic_peak == 0
     assert "over threshold" not in d.message
-    assert d.proposals == {"concurrency": 4, "kv_usage": 4, "tokens": 2}
+    assert d.proposals == {"concurrency": 4, "kv_usage": 4, "tokens": 1}  # (0.3 + 0.6) / 0.9 = 1
 
 
 @pytest.mark.parametrize("spike", [{"concurrency": 480.0}, {"kv_usage": 14.0}])  # 20 replicas' worth
@@ -303,11 +303,11 @@ def test_a_latest_level_spike_triggers_panic(spike: dict[str, float]) -> None:
 
 
 def test_the_panic_window_mean_of_the_token_rates_still_triggers_panic() -> None:
-    # 3 s mean: 158,400 prompt tokens/s = 6.6 busy, + 0.6 = 7.2 / 0.8 = 9 >= 1.6 x 4
+    # 3 s mean: 158,400 prompt tokens/s = 6.6 busy, + 0.6 = 7.2 / 0.9 = 8 >= 1.6 x 4
     window = _steady(prompt_tokens_per_s=158_400.0)
     d = at(deployment(), FilteredSignals(1_000, 4, _steady(), window, None, _steady()), 4, 1_000)
-    assert (d.target, d.reason, d.panic) == (9, R.PANIC, True)
-    assert "panic 9" in d.message
+    assert (d.target, d.reason, d.panic) == (8, R.PANIC, True)
+    assert "panic 8" in d.message
 
 
 # --- narrated timelines (Knative style) -----------------------------------------------------------
