@@ -305,9 +305,17 @@ class CoordinatorConfig(BaseModel):
     """File holding an admin token (``cp_<id>_<secret>``); the lease holder registers its hash."""
     adapter_token_file: Path | None = None
     """File holding the bearer token sent on every call to the adapters."""
+    metrics_address: str | None = None
+    """``host:port`` of a Prometheus ``/metrics`` endpoint (plain HTTP, no auth: it names tenants and
+    deployments, so bind it where only the monitoring system reaches). None: not served."""
 
     _id = field_validator("node_id", "zone")(check_id)
     _addr = field_validator("raft_address", "api_address")(check_address)
+
+    @field_validator("metrics_address")
+    @classmethod
+    def _metrics_address(cls, value: str | None) -> str | None:
+        return None if value is None else check_address(value)
 
     @field_validator("password")
     @classmethod
@@ -403,6 +411,8 @@ def data_dir_problem(path: Path) -> str | None:
 def cross_field_problems(cfg: CoordinatorConfig) -> list[tuple[str, str]]:
     """Relations between fields, in a fixed order; each problem names the field to change."""
     out: list[tuple[str, str]] = []
+    if cfg.metrics_address is not None and cfg.metrics_address in (cfg.raft_address, cfg.api_address):
+        out.append(("metrics_address", f"{cfg.metrics_address} is already this node's Raft or API address"))
     aep, rmin, rmax = cfg.append_entries_period_ms, cfg.raft_min_timeout_ms, cfg.raft_max_timeout_ms
     lft, step = cfg.leader_fallback_timeout_ms, cfg.step_down_timeout_ms
     if rmin <= 3 * aep:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
 from adapters.client import RemoteAdapter, RemoteObservations
 from controlplane.api.admin import NodeStatus, PeerStatus
@@ -36,6 +36,7 @@ from controlplane.domain.topology import Cluster
 from controlplane.runtime.clock import wall_ms
 from controlplane.runtime.lease_guard import LeaseGuard
 from controlplane.runtime.loop import ControlLoop
+from controlplane.runtime.metrics import CoordinatorCollector, MetricsView
 from controlplane.runtime.transitions import TransitionRecorder
 from controlplane.specs import deployment_of, tenant_of
 from controlplane.tokens import hash_secret
@@ -45,6 +46,8 @@ from raft.replicator import RaftReplicator
 log = structlog.get_logger("controlplane.coordinator")
 
 MIN_TICK_GAP_S = 0.02
+TICK_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+"""``controlplane_tick_duration_seconds`` buckets: a tick is budgeted well under its 250 ms period."""
 """Least time between two ticks when observation batches wake the lease holder's loop."""
 
 
@@ -68,6 +71,11 @@ class Coordinator:
         self.node = RaftNode(cfg, node_class=node_class)
         self.guard = LeaseGuard(self.node, cfg)
         self.registry = CollectorRegistry()
+        self.registry.register(CoordinatorCollector(self._metrics_view))
+        self._tick_seconds = Histogram("controlplane_tick_duration_seconds", "One control-loop tick, I/O included.",
+                                       buckets=TICK_BUCKETS_S, registry=self.registry)
+        self._ticks = Counter("controlplane_ticks", "Control-loop ticks by outcome.", ["outcome"], registry=self.registry)
+        self._metrics_server = None
         self.replicator = RaftReplicator(self.node, cfg, fence=self.guard.fence,
                                          on_transitions=TransitionRecorder(self.registry).record)
         adapter_token = _token_from(cfg.adapter_token_file, "adapter_token_file")
@@ -94,6 +102,9 @@ class Coordinator:
         self.guard.start()
         self.observations.start()  # every member follows the adapters: warm filters at failover
         self.api = serve(self.cfg, self.node, status=self.status, members=self, holder=_HolderView(self))
+        if self.cfg.metrics_address is not None:
+            host, port = self.cfg.metrics_address.rsplit(":", 1)
+            self._metrics_server, _ = start_http_server(int(port), addr=host.strip("[]"), registry=self.registry)
         self._loop_thread = threading.Thread(target=self._run_loop, name=f"control-loop-{self.cfg.node_id}", daemon=True)
         self._loop_thread.start()
         log.info("coordinator_started", node_id=self.cfg.node_id, zone=self.cfg.zone,
@@ -106,6 +117,9 @@ class Coordinator:
             self._loop_thread.join(5.0)
         if self.api is not None:
             self.api.stop(0.5)
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
         self.observations.close()
         self.adapter.close()
         self.guard.stop(release=True)
@@ -124,14 +138,19 @@ class Coordinator:
             now_ms = wall_ms()
             self._wake.clear()
             last_tick = time.monotonic()
+            outcome = "ok"
             try:
                 self._bootstrap(now_ms)
                 self._follow_adapters()
                 self.loop.tick(now_ms)
             except TemporaryError as exc:  # not leader any more, commit timed out...: next tick decides
+                outcome = "skipped"
                 log.info("tick_skipped", reason=type(exc).__name__, detail=str(exc))
             except ControlPlaneError as exc:
+                outcome = "failed"
                 log.error("tick_failed", error=str(exc))
+            self._tick_seconds.observe(time.monotonic() - last_tick)
+            self._ticks.labels(outcome).inc()
             if not early:  # an early tick keeps the periodic schedule where it was
                 next_at = max(next_at + period_s, time.monotonic() - period_s)  # never catch up a backlog
             early = self._wait_for_next_tick(next_at, last_tick)
@@ -210,6 +229,24 @@ class Coordinator:
         return self.node.status().commit_index
 
     # --- status ----------------------------------------------------------------------------------
+    def _metrics_view(self) -> MetricsView:
+        st = self.status()
+        state = self.node.state_copy()
+        ttft: dict[str, float] = {}
+        if st.lease_remaining_ms > 0:  # only the acting holder filters live signals
+            holder = _HolderView(self)
+            for dep_id in state.deployments:
+                sig = holder.signals_of(str(dep_id))
+                value = getattr(sig, "ttft_p99_ms", None)
+                if value is not None:
+                    ttft[str(dep_id)] = value
+        return MetricsView(
+            node_id=st.node_id, zone=st.zone, raft_leader=st.role == "leader", term=st.term,
+            commit_index=st.commit_index, applied_index=st.applied_index,
+            peers=tuple((p.node_id, p.reachable) for p in st.peers), lease_holder=st.lease_remaining_ms > 0,
+            lease_epoch=st.lease_epoch, lease_remaining_ms=st.lease_remaining_ms, state=state, ttft_p99_ms=ttft,
+        )
+
     def status(self) -> NodeStatus:
         raft = self.node.status()
         lease = self.guard.statistics()

@@ -124,8 +124,12 @@ def test_coordinator_ports_agree_everywhere(folder: str) -> None:
     assert service_port(peers_svc, "api") == (container_port(container, "api"), "api")
     client = one(objs, "Service", "coordinator")
     assert service_port(client, "api")[1] == "api"
+    metrics_port = port_of(cfg["metrics_address"])
+    assert container_port(container, "metrics") == metrics_port
     policy = one(objs, "NetworkPolicy", "coordinator")
-    assert {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]} == raft_ports | api_ports
+    assert {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]} == raft_ports | api_ports | {metrics_port}
+    (scrapers,) = [rule for rule in policy["spec"]["ingress"] if {p["port"] for p in rule["ports"]} == {metrics_port}]
+    assert all("namespaceSelector" in peer for peer in scrapers["from"])  # not open to every pod
     # the probes check exactly the file the process reads (so api_address and its TLS)
     probes = exec_probes(container)
     assert len(probes) == 3
