@@ -19,7 +19,8 @@ Wire format: compact UTF-8 JSON, keys sorted, no whitespace, so equal values giv
   ``renew_lease``, ``release_lease``); a snapshot uses ``k = "snapshot"``.
 * ``f`` holds every field of the dataclass, defaults included; nested domain values are objects with
   their own fields, enums (``Role`` included) travel by value, ``ScaleMemory.recs`` as a list of ``[bucket_ms, replicas]``
-  pairs, a ``Batch`` as ``{"commands": [{"k": ..., "f": ...}, ...]}``.
+  pairs, ``PutScaleMemories.memories`` as a list of ``[deployment_id, {memory fields}]`` pairs, a
+  ``Batch`` as ``{"commands": [{"k": ..., "f": ...}, ...]}``.
 * Decoding is strict: an unknown version or kind, a missing or unknown field, a wrong type, an integer
   outside 64 bits, a non-finite number, invalid JSON or UTF-8, or a payload over
   :data:`MAX_PAYLOAD_BYTES` raises :class:`CodecError` whose message starts with the field path
@@ -72,7 +73,7 @@ __all__ = [
 CODEC_VERSION = 2
 """Version of the wire format. Bump it on any incompatible change (and keep a reader for the old one
 once a release has data to upgrade)."""
-WRITTEN_FOR_COMMAND_VERSION = 2
+WRITTEN_FOR_COMMAND_VERSION = 3
 """The ``COMMAND_VERSION`` the tables below describe; import fails if the commands moved on."""
 MAX_PAYLOAD_BYTES = 16 * 1024 * 1024
 """Largest payload :func:`decode` reads and :func:`encode` writes (commands and snapshots alike)."""
@@ -356,6 +357,44 @@ MEMORY = _Struct(
     ScaleMemory, ("recs", _enc_pairs, _dec_pairs), _t("panic_until_ms", _INT), _t("panic_peak", _INT),
     _t("last_scale_up_ms", _INT), _t("last_scale_down_ms", _INT),
 )
+
+
+def _enc_memories(v: Any) -> list[list[Any]]:
+    """``PutScaleMemories.memories``: a list of ``[deployment_id, {memory fields}]`` pairs."""
+    if type(v) is not tuple:
+        raise _Bad(f"expected a tuple, got {_kind(v)}")
+    out = []
+    for i, entry in enumerate(v):
+        if type(entry) is not tuple or len(entry) != 2:
+            got = f"{len(entry)} items" if type(entry) is tuple else _kind(entry)
+            raise _Bad(f"expected a (deployment id, memory) pair, got {got}", f"[{i}]")
+        out.append(_memory_entry(entry, i, MEMORY.enc))
+    return out
+
+
+def _dec_memories(v: Any) -> tuple[tuple[str, ScaleMemory], ...]:
+    if type(v) is not list:
+        raise _Bad(f"expected a list, got {_kind(v)}")
+    out = []
+    for i, entry in enumerate(v):
+        if type(entry) is not list or len(entry) != 2:
+            got = f"{len(entry)} items" if type(entry) is list else _kind(entry)
+            raise _Bad(f"expected a [deployment id, memory] pair, got {got}", f"[{i}]")
+        out.append(tuple(_memory_entry(entry, i, MEMORY.dec)))
+    return tuple(out)  # type: ignore[arg-type]
+
+
+def _memory_entry(entry: Any, i: int, memory: Codec) -> list[Any]:
+    try:
+        did = _str(entry[0])
+    except _Bad as exc:
+        raise exc.at("[0]").at(f"[{i}]") from None
+    try:
+        return [did, memory(entry[1])]
+    except _Bad as exc:
+        raise exc.at("[1]").at(f"[{i}]") from None
+
+
 INSTANCE = _Struct(
     Instance, _t("id", _STR), _t("deployment", _STR), _t("tenant", _STR), _t("cluster", _STR), _t("zone", _STR),
     _t("pool", _STR), _t("gpus", _INT), _t("state", _ISTATE), _t("init_method", _INIT), _t("created_ms", _INT),
@@ -387,6 +426,7 @@ COMMAND_TABLES: dict[type[Any], _Struct | None] = {
         _t("at_ms", _INT), _t("message", _STR),
     ),
     c.PutScaleMemory: _Struct(c.PutScaleMemory, _t("deployment_id", _STR), _t("memory", _nested(MEMORY))),
+    c.PutScaleMemories: _Struct(c.PutScaleMemories, ("memories", _enc_memories, _dec_memories)),
     c.CreateInstance: _Struct(
         c.CreateInstance, _t("instance_id", _STR), _t("deployment_id", _STR), _t("cluster_id", _STR),
         _t("at_ms", _INT),

@@ -66,6 +66,7 @@ from controlplane.domain.observations import Observations
 from controlplane.domain.profiles import PROFILES
 from controlplane.domain.records import (
     CLOSED_BREAKER,
+    EMPTY_MEMORY,
     BreakerPhase,
     BreakerRecord,
     ScaleMemory,
@@ -79,6 +80,10 @@ SERVING_BOUND = (S.PENDING, S.WARMING, S.READY, S.BUSY)
 # in Python 3.11); state sets stay tuples (see ``instances.SERVING_STATES``).
 _SERVING_BOUND = SERVING_BOUND
 _PENDING, _WARMING, _READY, _BUSY, _STANDBY = S.PENDING, S.WARMING, S.READY, S.BUSY, S.STANDBY
+
+_NO_ALLOCATION = preemption.Allocation({}, ())
+"""Nothing preempted: what :func:`plan` passes to ``choose_victims`` on a tick without preemption
+(instead of sorting every grant to find none)."""
 
 MAX_CREATES_PER_TICK = 256
 """Fan-out limit: most new instances one tick may create (all deployments together)."""
@@ -227,19 +232,21 @@ def facts(
             move(inst, E.LOST, f.at_ms)
     pending, warming, ready, busy = _PENDING, _WARMING, _READY, _BUSY
     for inst in state.instances.values():
-        if inst.state is not pending and inst.state is not warming:
-            continue  # only a Pending or Warming instance can be stuck (``_stuck_event``)
-        stuck = _stuck_event(inst, now_ms, cfg)
-        if stuck is not None and move(inst, stuck, now_ms):
-            _feed_breakers(breakers, inst, stuck, now_ms, cfg, rng)
-    instances = state.instances
+        st = inst.state
+        if st is pending or st is warming:  # only these can be stuck (``_stuck_event``)
+            stuck = _stuck_event(inst, now_ms, cfg)
+            if stuck is not None and move(inst, stuck, now_ms):
+                _feed_breakers(breakers, inst, stuck, now_ms, cfg, rng)
+    instance_of = state.instances.get
+    moved_state = moved.get
     for sample in obs.samples:
-        inst = instances.get(sample.instance_id)
+        inst = instance_of(sample.instance_id)
         if inst is None:
             continue
-        cur = moved.get(inst.id, inst.state)
-        if cur is ready and sample.running + sample.waiting > 0:
-            move(inst, E.WORK, sample.at_ms)
+        cur = moved_state(inst.id, inst.state) if moved else inst.state
+        if cur is ready:
+            if sample.running + sample.waiting > 0:
+                move(inst, E.WORK, sample.at_ms)
         elif cur is busy and sample.running + sample.waiting == 0:
             move(inst, E.IDLE, sample.at_ms)
     return tuple(out + breakers.commands())
@@ -287,6 +294,8 @@ class _Tick:
     """Clusters being drained (themselves or through their zone): their instances are replaced."""
     commands: list[c.Command] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    memories: list[tuple[DeploymentId, ScaleMemory]] = field(default_factory=list)
+    """Scale memories the decisions changed: committed as one ``PutScaleMemories``."""
 
 
 def plan(
@@ -304,20 +313,27 @@ def plan(
         cfg.max_creates_per_tick, evacuating,
     )
     deployments = [state.deployments[k] for k in sorted(state.deployments)]
-    decider = cfg.decider or _decide
-    decisions = {d.id: decider(state, d, signals.get(d.id), now_ms) for d in deployments}
+    signal_of = signals.get
+    if cfg.decider is not None:
+        decisions = {d.id: cfg.decider(state, d, signal_of(d.id), now_ms) for d in deployments}
+    else:
+        decisions = _decide_all(state, deployments, signal_of, now_ms)
+    # One counting pass over each deployment's instances serves the demand and tells converge which
+    # deployments are steady (the state is not changed while planning).
+    counts = {d.id: _scan(state, d.id, loads, evacuating) for d in deployments}
     allocation = preemption.allocate(
-        state.tenants, [_demand(state, d, decisions[d.id].target, loads, evacuating) for d in deployments],
-        _healthy_capacity(state, tick.breakers, now_ms), now_ms,
+        state.tenants, [_demand_of(d, decisions[d.id].target, counts[d.id]) for d in deployments],
+        _healthy_capacity(state, tick.breakers, now_ms), now_ms, explain=False,
     )
     warm = _warm_grants(state, deployments, decisions, allocation, tick.breakers, now_ms)
     # Allocation counts serving-bound instances outside evacuating clusters only (``_demand``), so
     # victims come from those too; Standby instances are sized separately by the warm grants and
     # drained first when they shrink.
     # Candidates are needed only when some grant preempts (the usual steady tick has none).
-    preempting = any(g.preempted > 0 for g in allocation.grants.values())
+    grants_of = allocation.grants
+    preempting = any(g.preempted > 0 for g in grants_of.values())
     victims = preemption.choose_victims(
-        allocation,
+        allocation if preempting else _NO_ALLOCATION,  # (validates the grace either way)
         [i for i in state.instances.values() if i.state in _SERVING_BOUND and i.cluster not in evacuating]
         if preempting else [],
         state.tenants, loads, now_ms, cfg.preemption_grace_ms,
@@ -326,14 +342,24 @@ def plan(
     for v in victims:
         by_dep.setdefault(v.deployment_id, []).append(v)
     grants = []
+    no_victims: list[preemption.Victim] = []
     for d in deployments:
-        grant = allocation.grants[d.id].replicas if d.id in allocation.grants else decisions[d.id].target
-        _record_decision(tick, d, decisions[d.id], grant, warm[d.id])
-        _converge(tick, d, grant, warm[d.id], by_dep.get(d.id, []), loads, decisions[d.id].target)
-        if d.deleting and next(state.instances_of(d.id), None) is None:
-            tick.commands.append(c.RemoveDeployment(d.id))  # the finalizer: nothing of it is left
-        grants.append((d.id, grant, warm[d.id]))
-    cmds = tick.breakers.commands() + tick.commands
+        did = d.id
+        dec = decisions[did]
+        g = grants_of.get(did)
+        grant = g.replicas if g is not None else dec.target
+        w = warm[did]
+        _record_decision(tick, d, dec, grant, w)
+        _converge(tick, d, grant, w, by_dep.get(did, no_victims), loads, dec.target, counts[did])
+        if d.deleting and next(state.instances_of(did), None) is None:
+            tick.commands.append(c.RemoveDeployment(did))  # the finalizer: nothing of it is left
+        grants.append((did, grant, w))
+    cmds = tick.breakers.commands()
+    if tick.memories:
+        # One command for every changed memory, ahead of the deployments' other commands (a
+        # ``RemoveDeployment`` of this tick comes after its memory, as it did per deployment).
+        cmds.append(c.PutScaleMemories(tuple(tick.memories)))
+    cmds += tick.commands
     return Plan(tuple(cmds), tuple(decisions.items()), tuple(grants), tuple(tick.notes))
 
 
@@ -363,19 +389,78 @@ def _decide(state: ControlState, d: Deployment, sig: FilteredSignals | None, now
     return decide(d, state, sig, state.memory_of(d.id), current_replicas(state, d), now_ms)
 
 
+def _decide_all(
+    state: ControlState,
+    deployments: Sequence[Deployment],
+    signal_of: Callable[[DeploymentId], FilteredSignals | None],
+    now_ms: int,
+) -> dict[DeploymentId, scaling.ScaleDecision]:
+    """:func:`_decide` for each deployment, in order, with its lookups inlined (one call per
+    deployment into ``scaling.decide`` instead of three frames: this runs 40,000 times a second at
+    10,000 deployments)."""
+    out: dict[DeploymentId, scaling.ScaleDecision] = {}
+    memory_of, desired_of, tenant_of, profile_of = state.memory.get, state.desired.get, state.tenants.get, PROFILES.get
+    scale = scaling.decide
+    no_slo: Slo | None = None
+    for d in deployments:
+        did = d.id
+        memory = memory_of(did, EMPTY_MEMORY)
+        desired = desired_of(did)
+        current = desired.replicas if desired is not None else d.min_replicas
+        if d.deleting:
+            out[did] = decide(d, state, signal_of(did), memory, current, now_ms)
+            continue
+        tenant = tenant_of(d.tenant)  # None only for a dry run naming an unknown tenant
+        if tenant is not None:
+            slo = tenant.slo
+        else:
+            slo = no_slo = no_slo or Slo()
+        out[did] = scale(d, profile_of(d.model), slo, signal_of(did), memory, current, now_ms)
+    return out
+
+
 def _demand(
     state: ControlState, d: Deployment, want: int, loads: Mapping[InstanceId, float], evacuating: frozenset[ClusterId]
 ) -> preemption.Demand:
-    have = 0
+    return _demand_of(d, want, _scan(state, d.id, loads, evacuating))
+
+
+_Counts = tuple[int, float, int]
+"""What one pass over a deployment's instances tells the plan (:func:`_scan`): ``(have, load,
+others)``."""
+
+
+def _scan(
+    state: ControlState, deployment_id: DeploymentId, loads: Mapping[InstanceId, float], evacuating: frozenset[ClusterId]
+) -> _Counts:
+    """One pass over a deployment's instances: ``have``, its serving-bound (Pending, Warming, Ready,
+    Busy) instances outside evacuating clusters; ``load``, the mean load of the serving (Ready,
+    Busy) ones among them (0 when none); ``others``, its Standby instances plus its non-terminal
+    ones on evacuating clusters (when both ``others`` is 0 and ``have`` equals the grant, converge
+    has nothing to do). Counts only: nothing is kept per instance (a steady tick allocates little)."""
+    have = others = 0
     serving: list[float] = []
-    for i in state.instances_of(d.id):
+    instances = state.instances
+    load_of = loads.get
+    terminal, bound, serving_states, standby_state = TERMINAL_STATES, _SERVING_BOUND, SERVING_STATES, _STANDBY
+    for iid in state.by_deployment.get(deployment_id, ()):
+        i = instances[iid]
         st = i.state
-        if st in _SERVING_BOUND and i.cluster not in evacuating:
+        if st in terminal:
+            continue
+        if evacuating and i.cluster in evacuating:
+            others += 1
+        elif st in bound:
             have += 1
-            if st in SERVING_STATES:
-                serving.append(loads.get(i.id, 0.0))
-    load = sum(serving) / len(serving) if serving else 0.0
-    return preemption.Demand(deployment=d, want=want, have=have, load=load)
+            if st in serving_states:
+                serving.append(load_of(iid, 0.0))
+        elif st is standby_state:
+            others += 1
+    return have, sum(serving) / len(serving) if serving else 0.0, others
+
+
+def _demand_of(d: Deployment, want: int, counts: _Counts) -> preemption.Demand:
+    return preemption.Demand(deployment=d, want=want, have=counts[0], load=counts[1])
 
 
 def _healthy_capacity(state: ControlState, breakers: _Breakers, now_ms: int) -> dict[PoolId, int]:
@@ -408,12 +493,18 @@ def _warm_grants(
     now_ms: int,
 ) -> dict[DeploymentId, int]:
     """Warm pools come out of the capacity left after every serving grant, by tenant priority."""
+    warm: dict[DeploymentId, int] = dict.fromkeys([d.id for d in deployments], 0)
+    # A deployment that asks for no warm pool gets 0 and leaves ``left`` as it is, wherever it
+    # stands in the order: only the others are ordered and sized (usually none).
+    wanting = [d for d in deployments if decisions[d.id].warm_pool != 0]
+    if not wanting:
+        return warm
     left = _healthy_capacity(state, breakers, now_ms)
+    grants = allocation.grants
     for d in deployments:
-        g = allocation.grants.get(d.id)
+        g = grants.get(d.id)
         left[d.pool] = left.get(d.pool, 0) - (g.replicas if g else 0) * d.gpus_per_instance
-    order = sorted(deployments, key=lambda d: (-state.tenants[d.tenant].priority, d.tenant, d.id))
-    warm: dict[DeploymentId, int] = {}
+    order = sorted(wanting, key=lambda d: (-state.tenants[d.tenant].priority, d.tenant, d.id))
     for d in order:
         fits = max(0, left.get(d.pool, 0)) // d.gpus_per_instance
         warm[d.id] = min(decisions[d.id].warm_pool, fits)
@@ -426,8 +517,10 @@ def _record_decision(tick: _Tick, d: Deployment, dec: scaling.ScaleDecision, gra
     if old is None or (old.replicas, old.warm_pool) != (grant, warm):
         reason = dec.reason.value if grant == dec.target else f"{dec.reason.value}; allocation granted {grant} of {dec.target}"
         tick.commands.append(c.SetDesired(d.id, grant, warm, reason, tick.now_ms, message=dec.message))
-    if dec.memory != tick.state.memory_of(d.id):
-        tick.commands.append(c.PutScaleMemory(d.id, dec.memory))
+    memory = dec.memory
+    old_memory = tick.state.memory.get(d.id, EMPTY_MEMORY)
+    if memory is not old_memory and memory != old_memory:
+        tick.memories.append((d.id, memory))
 
 
 def _converge(
@@ -438,7 +531,13 @@ def _converge(
     victims: Sequence[preemption.Victim],
     loads: Mapping[InstanceId, float],
     target: int,
+    counts: _Counts | None = None,
 ) -> None:
+    if counts is not None and not victims and counts[2] == 0 and counts[0] == grant and warm <= 0:
+        # The steady case (the plan's ``_scan`` counted it): no Standby instance, none evacuating,
+        # as many serving-bound ones as granted and no warm pool: nothing to wake, remove, create,
+        # sleep, drain or evacuate.
+        return
     gone = {v.instance_id for v in victims}
     for v in victims:
         tick.commands.append(

@@ -17,8 +17,9 @@ from controlplane.domain.tenants import Deployment, Tenant
 from controlplane.domain.tokens import TokenRecord
 from controlplane.domain.topology import Cluster, Zone
 
-COMMAND_VERSION = 2
-"""Bumped when a command's fields change incompatibly; the codec refuses unknown versions."""
+COMMAND_VERSION = 3
+"""Bumped when a command's fields change incompatibly or a command kind is added (3: ``PutScaleMemories``);
+the codec refuses unknown versions."""
 
 ANY_VERSION = -1
 """``expect_version`` for an unconditional write (the holder's bootstrap and internal writes)."""
@@ -135,6 +136,21 @@ class PutScaleMemory(Command):
 
 
 @dataclass(frozen=True, slots=True)
+class PutScaleMemories(Command):
+    """Several deployments' scale memories as one command: what a tick's plan commits (only the
+    memories its decisions changed). One :class:`PutScaleMemory` per deployment would be one
+    command per deployment on every 1 s stabilization bucket: at 10,000 deployments a steady tick
+    would fill a whole batch (``MAX_BATCH``) with them.
+
+    Entries are applied in order (a repeated deployment: the last wins). An entry naming a
+    deployment that no longer exists is skipped, not rejected: the deployment was removed between
+    the plan and its commit, and its memory went with it (the other entries still apply)."""
+
+    kind: ClassVar[str] = "put_scale_memories"
+    memories: tuple[tuple[DeploymentId, ScaleMemory], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class CreateInstance(Command):
     kind: ClassVar[str] = "create_instance"
     instance_id: InstanceId
@@ -184,6 +200,7 @@ COMMAND_TYPES: dict[str, type[Command]] = {
         RemoveToken,
         SetDesired,
         PutScaleMemory,
+        PutScaleMemories,
         CreateInstance,
         TransitionInstance,
         PutBreaker,

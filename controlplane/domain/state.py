@@ -375,6 +375,21 @@ def _put_memory(state: ControlState, cmd: c.PutScaleMemory) -> tuple[Transitione
     return NO_TRANSITIONS
 
 
+def _put_memories(state: ControlState, cmd: c.PutScaleMemories) -> tuple[Transitioned, ...]:
+    entries = cmd.memories
+    if not isinstance(entries, tuple):
+        raise ValidationError("memories", f"must be a tuple, got {type(entries).__name__}")
+    for k, entry in enumerate(entries):
+        if not (isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], str)
+                and isinstance(entry[1], ScaleMemory)):
+            raise ValidationError(f"memories[{k}]", "must be a (deployment id, ScaleMemory) pair")
+    deployments, memory = state.deployments, state.memory
+    for deployment_id, mem in entries:
+        if deployment_id in deployments:  # removed since the plan: its memory went with it
+            memory[deployment_id] = mem
+    return NO_TRANSITIONS
+
+
 def _create_instance(state: ControlState, cmd: c.CreateInstance) -> tuple[Transitioned, ...]:
     problem = id_problem(cmd.instance_id)  # it becomes a pod name, and a key that snapshot() sorts
     if problem:
@@ -451,6 +466,7 @@ _HANDLERS: dict[type, Callable[[ControlState, object], tuple[Transitioned, ...]]
     c.RemoveToken: _remove_token,
     c.SetDesired: _set_desired,
     c.PutScaleMemory: _put_memory,
+    c.PutScaleMemories: _put_memories,
     c.CreateInstance: _create_instance,
     c.TransitionInstance: _transition_instance,
     c.PutBreaker: _put_breaker,

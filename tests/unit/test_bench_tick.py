@@ -45,6 +45,9 @@ def test_steady_fleet_stays_steady() -> None:
     states = {i.state.value for i in h.state.instances.values()}
     assert len(h.state.instances) == 20 * INSTANCES_PER_DEPLOYMENT and states <= {"Ready", "Busy"}
     assert all(d.replicas == INSTANCES_PER_DEPLOYMENT for d in h.state.desired.values())
+    # The scale memories every deployment changes on each 1 s bucket travel as one command (one per
+    # deployment would fill a whole batch at 10,000 deployments).
+    assert h.max_commands == 1
 
 
 def test_cli_json(tmp_path: Path) -> None:

@@ -147,6 +147,9 @@ SINGLE: dict[str, st.SearchStrategy[Any]] = {
     "remove_token": st.builds(c.RemoveToken, texts),
     "set_desired": st.builds(c.SetDesired, texts, int64, int64, texts, int64, texts),
     "put_scale_memory": st.builds(c.PutScaleMemory, texts, memories),
+    "put_scale_memories": st.builds(
+        c.PutScaleMemories, st.lists(st.tuples(texts, memories), max_size=4).map(tuple)
+    ),
     "create_instance": st.builds(c.CreateInstance, texts, texts, texts, int64),
     "transition_instance": st.builds(
         c.TransitionInstance, texts, st.sampled_from(InstanceEvent), int64, int64, st.booleans()
@@ -231,6 +234,10 @@ def test_the_wire_format_is_pinned() -> None:
     assert encode(c.PutScaleMemory(DeploymentId("d"), ScaleMemory(((1, 2),), 0, 0, -1, -1))) == (
         b'{"f":{"deployment_id":"d","memory":{"last_scale_down_ms":-1,"last_scale_up_ms":-1,"panic_peak":0,'
         b'"panic_until_ms":0,"recs":[[1,2]]}},"k":"put_scale_memory","v":2}'
+    )
+    assert encode(c.PutScaleMemories(((DeploymentId("d"), ScaleMemory(((1, 2),), 0, 0, -1, -1)),))) == (
+        b'{"f":{"memories":[["d",{"last_scale_down_ms":-1,"last_scale_up_ms":-1,"panic_peak":0,'
+        b'"panic_until_ms":0,"recs":[[1,2]]}]]},"k":"put_scale_memories","v":2}'
     )
     assert encode(AcquireLease("n1", 4, 3_000)) == (
         b'{"f":{"duration_ms":3000,"expected_version":4,"node":"n1"},"k":"acquire_lease","v":2}'
@@ -321,6 +328,14 @@ DEPLOYMENT = Deployment(DeploymentId("chat"), TenantId("acme"), Engine.VLLM, "ll
      "expected a pair of integers, got 1 items"),
     (c.PutScaleMemory(DeploymentId("d"), ScaleMemory(((1, 2), (3, "4")))), "put_scale_memory.memory.recs[1][1]",
      "expected an integer, got a string"),
+    (c.PutScaleMemories([(DeploymentId("d"), ScaleMemory())]), "put_scale_memories.memories",
+     "expected a tuple, got a list"),
+    (c.PutScaleMemories(((DeploymentId("d"), ScaleMemory()), (DeploymentId("e"),))), "put_scale_memories.memories[1]",
+     "expected a (deployment id, memory) pair, got 1 items"),
+    (c.PutScaleMemories(((7, ScaleMemory()),)), "put_scale_memories.memories[0][0]",
+     "expected a string, got an integer"),
+    (c.PutScaleMemories(((DeploymentId("d"), ScaleMemory(((1, "2"),))),)),
+     "put_scale_memories.memories[0][1].recs[0][1]", "expected an integer, got a string"),
     (c.PutBreaker("k", None), "put_breaker.record", "expected a BreakerRecord, got null"),
     (c.PutBreaker("k", BreakerRecord(phase="open")), "put_breaker.record.phase", "expected a BreakerPhase"),
     (c.Batch([c.RemoveTenant(TenantId("a"))]), "batch.commands", "expected a tuple, got a list"),

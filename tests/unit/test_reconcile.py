@@ -29,7 +29,7 @@ from controlplane.domain.observations import (
     InstanceSample,
     Observations,
 )
-from controlplane.domain.records import BreakerPhase, BreakerRecord, ScaleMemory
+from controlplane.domain.records import EMPTY_MEMORY, BreakerPhase, BreakerRecord, ScaleMemory
 from controlplane.domain.state import ControlState, apply, snapshot
 from controlplane.domain.tenants import Deployment, Engine, Tenant
 from controlplane.domain.topology import Cluster
@@ -162,8 +162,8 @@ def test_scale_up_spreads_new_instances_over_zones_and_records_the_grant() -> No
     assert dec.memory == memory
     ids = [f"chat-{T0}-{k}" for k in range(6)]
     assert p.commands == (
+        c.PutScaleMemories((("chat", memory),)),
         c.SetDesired("chat", 6, 0, "panic", T0, message=dec.message),
-        c.PutScaleMemory("chat", memory),
         *[c.CreateInstance(iid, "chat", cid, T0) for iid, cid in zip(ids, ["c1", "c2", "c3"] * 2)],
     )
     assert len(set(ids)) == 6
@@ -212,9 +212,24 @@ def test_scale_memory_is_emitted_only_when_it_changes() -> None:
 
     # 48 requests = exactly 2 replicas: within tolerance, but the stabilization window records it.
     p = run_plan(state, {"chat": load(48)})
-    assert p.commands == (c.PutScaleMemory("chat", ScaleMemory(recs=((T0, 2),))),)
+    assert p.commands == (c.PutScaleMemories((("chat", ScaleMemory(recs=((T0, 2),))),)),)
     commit(state, p.commands)
     assert run_plan(state, {"chat": load(48)}).commands == ()  # the same second: nothing new to remember
+
+
+def test_the_changed_scale_memories_of_a_tick_are_one_command() -> None:
+    # Three deployments, two of them with data: one PutScaleMemories carries both changed memories
+    # (in deployment order), however many deployments change (not one command per deployment).
+    state = build(*THREE_ZONES, tenant(), deployment("a", min_replicas=2), deployment("b", min_replicas=2),
+                  deployment("c", min_replicas=2), desired("a", 2), desired("b", 2), desired("c", 2))
+    for did in ("a", "b", "c"):
+        add(state, f"{did}-1", "c1", did=did)
+        add(state, f"{did}-2", "c2", did=did)
+    p = run_plan(state, {"a": load(48), "c": load(48)})
+    memory = ScaleMemory(recs=((T0, 2),))
+    assert p.commands == (c.PutScaleMemories((("a", memory), ("c", memory))),)
+    commit(state, p.commands)
+    assert (state.memory_of("a"), state.memory_of("b"), state.memory_of("c")) == (memory, EMPTY_MEMORY, memory)
 
 
 # --- warm pool: wake before create ----------------------------------------------------------------

@@ -312,6 +312,33 @@ def test_scale_memory() -> None:
     rejected(state, c.PutScaleMemory(DeploymentId("ghost"), mem), "deployment 'ghost' not found")
 
 
+def test_scale_memories_apply_in_order_and_skip_removed_deployments() -> None:
+    state = fresh()
+    one, two = ScaleMemory(recs=((1_000, 3),)), ScaleMemory(recs=((2_000, 2),), panic_peak=4)
+    # A deployment removed between the plan and its commit is skipped; the other entries apply.
+    chat, ghost = DeploymentId("chat"), DeploymentId("ghost")
+    ok(state, c.PutScaleMemories(((ghost, one), (chat, one), (chat, two))))
+    assert state.memory_of(DeploymentId("chat")) == two and DeploymentId("ghost") not in state.memory
+    applied = state.applied
+    ok(state, c.PutScaleMemories(()))
+    assert state.applied == applied + 1
+
+
+@pytest.mark.parametrize("memories", [
+    [(DeploymentId("chat"), ScaleMemory())],
+    ((DeploymentId("chat"), ScaleMemory(), 1),),
+    ((DeploymentId("chat"), "memory"),),
+    ((7, ScaleMemory()),),
+])
+def test_malformed_scale_memories_are_rejected_whole(memories: object) -> None:
+    state = fresh()
+    mem = ScaleMemory(panic_peak=1)
+    ok(state, c.PutScaleMemory(DeploymentId("chat"), mem))
+    result = apply(state, c.PutScaleMemories(memories))  # type: ignore[arg-type]
+    assert not result.ok and result.code == "invalid" and "memories" in result.error
+    assert state.memory_of(DeploymentId("chat")) == mem
+
+
 # --- instances ----------------------------------------------------------------------------------
 
 
