@@ -104,6 +104,15 @@ def _parser() -> argparse.ArgumentParser:
     bp.add_argument("--seed", type=int, default=0, help="random seed, the same for every policy (default 0)")
     bp.add_argument("--rate-scale", type=float, default=1.0, help="compress trace time by this factor")
     bp.add_argument("--limit-s", type=float, default=None, help="replay only the first seconds of each trace")
+    bc = bench_sub.add_parser("chaos", help="randomized fault schedules (kill -9, pauses, partitions, clock jumps, slow "
+                                            "disk, adapter crashes) on real processes, checked for safety")
+    bc.add_argument("--runs", type=int, default=10, help="schedules to run (default 10)")
+    bc.add_argument("--seed", type=int, default=1, help="seed of the first schedule; run k uses seed+k (default 1)")
+    bc.add_argument("--nodes", type=int, default=3, choices=(3, 5), help="coordinators (default 3)")
+    bc.add_argument("--faults", type=int, default=3, help="faults per schedule (default 3)")
+    bc.add_argument("--out", default="out/chaos", metavar="DIR", help="where results.json, report.md and recovery.png go")
+    bc.add_argument("--keep", action="store_true", help="keep the journals and logs (always kept after a failure)")
+    bc.add_argument("--json", action="store_true", help="print the totals as JSON on stdout")
 
     sub.add_parser("token", help="create, list or revoke API tokens (as `tenantctl token`; see docs/tenantctl.md)",
                    add_help=False)
@@ -325,6 +334,10 @@ def _bench(args: argparse.Namespace) -> int:
         from controlplane.bench.tick import run_cli as run_tick
 
         return run_tick(args.out, args.json, args.deployments, args.ticks)
+    if args.bench == "chaos":
+        from controlplane.bench.chaos import run_cli as run_chaos
+
+        return run_chaos(args.runs, args.seed, args.out, args.json, nodes=args.nodes, faults=args.faults, keep=args.keep)
     if args.bench == "policies":
         from controlplane.bench.policies import run_cli as run_policies
 
