@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-all venv clean proto docs
+.PHONY: demo test test-all venv clean proto docs audit audit-offline advisories
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,3 +38,19 @@ proto: $(STAMP)
 # Regenerate the API reference in docs/api.md from the proto comments (a test checks it is current).
 docs: $(STAMP)
 	$(BIN)/python -m controlplane.api.docgen
+
+# Live dependency audit with pip-audit (needs PyPI's JSON API or OSV; exit 1 if it cannot audit
+# everything). The offline audit against tests/security/advisories-pypi.json runs in `make test`
+# (docs/security.md).
+audit: $(STAMP)
+	$(BIN)/python -m tests.security.dependency_audit --require
+
+audit-offline: $(STAMP)
+	$(BIN)/python -m tests.security.dependency_audit --offline --require
+
+# Refresh tests/security/advisories-pypi.json (needs GitHub; ADVISORY_REPO=path reuses a clone).
+ADVISORY_REPO ?= /tmp/advisory-database
+advisories: $(STAMP)
+	test -d $(ADVISORY_REPO) || git clone --filter=blob:none https://github.com/pypa/advisory-database $(ADVISORY_REPO)
+	git -C $(ADVISORY_REPO) pull --ff-only
+	$(BIN)/python -m tests.security.advisories refresh --advisory-repo $(ADVISORY_REPO)

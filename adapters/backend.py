@@ -30,6 +30,11 @@ INSTANCE_ACTIONS = ("create", "wake", "sleep", "drain", "cancel", "terminate")
 ``sleep``: stop routing, let in-flight requests finish, release GPU memory (the warm pool);
 ``drain``: stop routing, finish or abort (at ``deadline_ms``) in-flight requests, then remove;
 ``cancel``: remove an instance that never served; ``terminate``: remove now, aborting requests."""
+MAX_REPLICAS = 10_000
+"""Most instances of one deployment a scale command may ask of one cluster. A larger number comes
+from a broken or hostile sender; the service and the backends refuse it before changing anything."""
+MAX_GPUS_PER_INSTANCE = 64
+"""Most GPUs one instance may ask for (a node has at most 8 today; 64 leaves room for multi-node)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -148,6 +148,20 @@ def cumulative_buckets(samples: list[tuple[dict[str, str], float]]) -> Buckets |
     return tuple(sorted(by_le.items()))
 
 
+MAX_COUNT = 2**31 - 1
+"""The largest request count a sample may carry (the adapter protocol's ``int32``)."""
+MAX_BYTES = 2**63 - 1
+"""The largest byte count a sample may carry (``int64``)."""
+
+
+def check_count(name: str, value: float, *, engine: str, limit: int = MAX_COUNT) -> int:
+    """``value`` (finite, already summed) as an int in ``0..limit``, else :class:`MetricsMalformed`: an
+    engine reporting a negative or impossible count is broken, and the value would not fit the wire."""
+    if not 0 <= value <= limit:
+        raise MetricsMalformed(name, f"{value} is out of range 0..{limit}", engine=engine)
+    return int(value)
+
+
 def counter_delta(previous: float, current: float) -> float:
     """Increase of a counter; one that went down (restart) counts from zero, as Prometheus' ``rate()``."""
     return current if current < previous else current - previous

@@ -34,6 +34,7 @@ and connection errors -> ``Unavailable``.
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import random
 import threading
@@ -51,7 +52,7 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from urllib3.exceptions import HTTPError as Urllib3Error
 
-from adapters.backend import FenceToken, InstanceCommand, ScaleCommand
+from adapters.backend import MAX_REPLICAS, FenceToken, InstanceCommand, ScaleCommand
 from adapters.deepspeed_mii import MiiDriver
 from adapters.engine_http import WarmPathUnavailable
 from adapters.triton import TritonDriver
@@ -281,6 +282,37 @@ class _Workload:
     watch: k8s_watch.Watch | None = None
 
 
+class UnexpectedAnswer(Unavailable):
+    """The Kubernetes API answered with a body the client or the backend could not use (not JSON, the
+    wrong shape, a required field missing: a broken proxy or another API version). Temporary: the
+    next call may get a proper answer; nothing is assumed from this one."""
+
+
+_MALFORMED = (AttributeError, TypeError, KeyError, IndexError, ValueError, UnicodeDecodeError)
+"""What the client's deserializer and our reads of its objects raise on a malformed answer."""
+
+
+def _typed(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Public backend methods raise the control plane's errors only: a malformed answer of the
+    apiserver (whatever the client made of it) becomes :class:`UnexpectedAnswer`, logged once."""
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def typed(self: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(self, *args, **kwargs)
+            except ControlPlaneError:
+                raise
+            except _MALFORMED as exc:
+                log.error("kubernetes.unexpected_answer", during=what, error=f"{type(exc).__name__}: {exc}")
+                raise UnexpectedAnswer(f"Kubernetes API: unexpected answer during {what}: "
+                                       f"{type(exc).__name__}: {str(exc)[:200]}") from exc
+
+        return typed
+
+    return wrap
+
+
 class OrdinalConflict(Conflict):
     """A StatefulSet victim cannot be moved onto a removed (highest) ordinal."""
 
@@ -359,6 +391,7 @@ class KubernetesBackend:
         return cls(config, api, **kwargs)
 
     # -- lifecycle ----------------------------------------------------------------------------------
+    @_typed("start")
     def start(self) -> KubernetesBackend:
         """Read each workload's selector, list its pods, then watch them in a background thread."""
         with self._lock:
@@ -395,6 +428,7 @@ class KubernetesBackend:
                     "binding_races_lost": s.binding_races_lost, "swaps": s.swaps}
 
     # -- Backend --------------------------------------------------------------------------------------
+    @_typed("apply")
     def apply(self, command: InstanceCommand, now_ms: int) -> None:
         self.start()
         deployment = DeploymentId(command.instance.deployment_id)
@@ -412,15 +446,17 @@ class KubernetesBackend:
             else:
                 raise ValidationError("action", f"unknown action {command.action!r}")
 
+    @_typed("scale")
     def scale(self, command: ScaleCommand, now_ms: int) -> None:
         self.start()
-        if command.replicas < 0:
-            raise ValidationError("replicas", "must be >= 0")
+        if not 0 <= command.replicas <= MAX_REPLICAS:
+            raise ValidationError("replicas", f"must be between 0 and {MAX_REPLICAS}, got {command.replicas}")
         deployment = DeploymentId(command.deployment_id)
         wl = self._workload(deployment)
         with self._lock:
             self._remove(deployment, wl, command.victims, command.replicas, command.fence)
 
+    @_typed("observe")
     def observe(self, now_ms: int) -> Observations:
         self.start()
         self._confirm_warm(now_ms)

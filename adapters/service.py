@@ -46,7 +46,16 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from adapters.backend import INSTANCE_ACTIONS, Backend, FenceToken, InstanceCommand, InstanceSpec, ScaleCommand
+from adapters.backend import (
+    INSTANCE_ACTIONS,
+    MAX_GPUS_PER_INSTANCE,
+    MAX_REPLICAS,
+    Backend,
+    FenceToken,
+    InstanceCommand,
+    InstanceSpec,
+    ScaleCommand,
+)
 from adapters.wire import batch_of
 from controlplane.api.v1 import adapter_pb2, adapter_pb2_grpc
 from controlplane.config import is_loopback_address
@@ -271,7 +280,12 @@ class ObservationHub:
             obs = Observations(now)
         with self._cond:
             self._seq += 1
-            batch = batch_of(self.cluster_id, self._seq, self.stream_id, obs)
+            try:
+                batch = batch_of(self.cluster_id, self._seq, self.stream_id, obs)
+            except Exception as exc:  # a value the wire cannot carry (a backend bug): never kill the stream
+                self.observe_errors += 1
+                log.error("observe_unencodable", cluster=self.cluster_id, error=f"{type(exc).__name__}: {exc}")
+                batch = batch_of(self.cluster_id, self._seq, self.stream_id, Observations(now))
             self._ring.append(batch)
             self._cond.notify_all()
         return batch
@@ -345,6 +359,9 @@ class AdapterServicer(adapter_pb2_grpc.ClusterAdapterServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "instance: instance_id and deployment_id must not be empty")
         if request.drain_timeout_ms < 0:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"drain_timeout_ms: must be >= 0, got {request.drain_timeout_ms}")
+        if not 0 <= inst.gpus <= MAX_GPUS_PER_INSTANCE:  # 0: unset, means 1
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"instance.gpus: must be between 1 and {MAX_GPUS_PER_INSTANCE}, got {inst.gpus}")
         command = InstanceCommand(
             request.request_id, request.action,
             InstanceSpec(inst.instance_id, inst.deployment_id, inst.tenant_id, inst.zone, inst.pool, inst.gpus or 1),
@@ -355,8 +372,9 @@ class AdapterServicer(adapter_pb2_grpc.ClusterAdapterServicer):
     def Scale(self, request: adapter_pb2.ScaleRequest, context: grpc.ServicerContext) -> adapter_pb2.ApplyReply:
         if not request.deployment_id:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "deployment_id: must not be empty")
-        if request.replicas < 0:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"replicas: must be >= 0, got {request.replicas}")
+        if not 0 <= request.replicas <= MAX_REPLICAS:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"replicas: must be between 0 and {MAX_REPLICAS}, got {request.replicas}")
         if len(set(request.victims)) != len(request.victims):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "victims: must not repeat an instance id")
         command = ScaleCommand(request.request_id, request.deployment_id, request.replicas, tuple(request.victims),
@@ -382,6 +400,9 @@ class AdapterServicer(adapter_pb2_grpc.ClusterAdapterServicer):
                 log.warning("command_failed", cluster=self._cluster_id, request_id=command.request_id, action=what,
                             error=str(exc), kind=type(exc).__name__)
                 context.abort(_status_of(exc), f"{what}: {exc}")
+            except Exception as exc:  # a backend bug: a clear INTERNAL, not grpc's bare UNKNOWN
+                log.exception("command_crashed", cluster=self._cluster_id, request_id=command.request_id, action=what)
+                context.abort(grpc.StatusCode.INTERNAL, f"{what}: internal error in the backend: {type(exc).__name__}: {exc}")
             self._seen[command.request_id] = None
             if len(self._seen) > MAX_REMEMBERED_REQUESTS:
                 self._seen.popitem(last=False)

@@ -25,8 +25,8 @@ from dataclasses import dataclass, replace
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from adapters.backend import InstanceCommand, ScaleCommand
-from controlplane.domain.errors import NotFound
+from adapters.backend import MAX_GPUS_PER_INSTANCE, MAX_REPLICAS, InstanceCommand, ScaleCommand
+from controlplane.domain.errors import NotFound, ValidationError
 from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId
 from controlplane.domain.observations import Observations
 from controlplane.domain.profiles import PROFILES, ModelProfile
@@ -241,9 +241,17 @@ class SimulatedBackend:
     def apply(self, command: InstanceCommand, now_ms: int) -> None:
         inst = command.instance
         dep = DeploymentId(inst.deployment_id)
+        if not 1 <= inst.gpus <= MAX_GPUS_PER_INSTANCE:
+            raise ValidationError("instance.gpus", f"must be between 1 and {MAX_GPUS_PER_INSTANCE}, got {inst.gpus}")
         with self._lock:
             self._advance(now_ms)
             self._known(dep, "deployment")
+            sim = self.fleet.instances.get(InstanceId(inst.instance_id))
+            # as the Kubernetes backend: waking or sleeping an instance this cluster does not run is
+            # NotFound; removing one that is gone already is done; never act on another deployment's
+            if (sim is not None and sim.deployment != dep) or (
+                    command.action in ("wake", "sleep") and (sim is None or sim.phase == "gone")):
+                raise NotFound("instance", f"{inst.instance_id!r} of {dep!r} is not on cluster {self.cluster_id!r}")
             self.fleet.execute(command.action, _Ref(InstanceId(inst.instance_id), dep, self.cluster_id, inst.gpus),
                                command.deadline_ms, self._now_ms)
 
@@ -252,6 +260,8 @@ class SimulatedBackend:
         draining; drained instances finish their requests for up to ``SCALE_DRAIN_TIMEOUT_MS``. New
         instances are named ``<deployment>-<request id>-<k>``."""
         dep = DeploymentId(command.deployment_id)
+        if not 0 <= command.replicas <= MAX_REPLICAS:
+            raise ValidationError("replicas", f"must be between 0 and {MAX_REPLICAS}, got {command.replicas}")
         with self._lock:
             self._advance(now_ms)
             self._known(dep, "deployment_id")

@@ -77,6 +77,7 @@ from adapters.engine_http import (
     MetricsMalformed,
     UnexpectedResponse,
     WarmPathUnavailable,
+    check_count,
     count_unreachable,
     cumulative_buckets,
     histogram_delta_quantile,
@@ -382,8 +383,9 @@ class TritonDriver:
                                      if s.name == FIRST_RESPONSE + "_bucket" and s.labels.get("model") == self.model])
         return _Parsed(
             scrape=_Scrape(now_ms, success, count, queue_us, request_us, first),
-            waiting=int(waiting),
-            trt_running=int(trt_scheduled) if trt_scheduled is not None else None,
+            waiting=check_count(PENDING if trt_waiting is None else f"{PENDING} + {TRT_REQUESTS}", waiting, engine=ENGINE),
+            trt_running=(None if trt_scheduled is None else
+                         check_count(_field(TRT_REQUESTS, {"request_type": "scheduled"}), trt_scheduled, engine=ENGINE)),
             kv=kv_frac, gpu=gpu,
         )
 
@@ -445,7 +447,8 @@ def _gpu(families: dict[str, list[Any]]) -> tuple[int, int] | None:
     u, t = _finite_sum(GPU_USED, used), _finite_sum(GPU_TOTAL, total)
     if u > t:
         raise MetricsMalformed(GPU_USED, f"used {u} exceeds total {t}", engine=ENGINE)
-    return int(u), int(t)
+    return (check_count(GPU_USED, u, engine=ENGINE, limit=engine_http.MAX_BYTES),
+            check_count(GPU_TOTAL, t, engine=ENGINE, limit=engine_http.MAX_BYTES))
 
 
 def _derived(previous: _Scrape | None, current: _Scrape) -> tuple[int, str, float | None, float]:
@@ -459,7 +462,7 @@ def _derived(previous: _Scrape | None, current: _Scrape) -> tuple[int, str, floa
     d_success = current.success - previous.success
     d_queue = current.queue_us - previous.queue_us
     d_busy = max(0.0, (current.request_us - previous.request_us) - d_queue)
-    running = math.floor(d_busy / elapsed_us + 0.5)
+    running = min(engine_http.MAX_COUNT, math.floor(d_busy / elapsed_us + 0.5))  # an estimate: capped to the wire
     mean_queue_ms = d_queue / d_success / 1000.0 if d_success > 0 else None
     rate = (current.count - previous.count) / (elapsed_us / 1e6)
     return running, "littles_law", mean_queue_ms, rate

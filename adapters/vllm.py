@@ -52,6 +52,7 @@ from adapters.engine_http import (
     MetricsMalformed,
     UnexpectedResponse,
     WarmPathUnavailable,
+    check_count,
     count_unreachable,
     counter_delta,
     cumulative_buckets,
@@ -240,8 +241,7 @@ class VllmDriver:
             raise MetricsMalformed(KV_USAGE, f"{kv} is not a 0..1 fraction", engine=ENGINE)
         gauges[KV_USAGE] = kv
         for name in (RUNNING, WAITING):
-            if gauges[name] < 0:
-                raise MetricsMalformed(name, f"negative value {gauges[name]}", engine=ENGINE)
+            check_count(name, gauges[name], engine=ENGINE)
         ttft = cumulative_buckets(self._select(families.get(TTFT, []), TTFT + "_bucket", keep_le=True))
         return _Scrape(0, gauges[PROMPT_TOKENS], gauges[GENERATION_TOKENS], ttft), gauges
 

@@ -76,6 +76,10 @@ PASSWORD_REQUIRED = "required: pysyncobj pickles its wire messages, so Raft traf
 _HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
 
 
+MAX_CONFIG_BYTES = 1 << 20
+"""A configuration file larger than this is refused before it is parsed."""
+
+
 class ConfigError(PermanentError):
     """The configuration cannot be used. ``file`` and ``field`` locate the problem."""
 
@@ -88,11 +92,17 @@ class ConfigError(PermanentError):
 def read_yaml_mapping(p: Path) -> dict[str, Any]:
     """The YAML mapping in ``p`` (an empty file is an empty mapping), or :class:`ConfigError`."""
     try:
+        if p.stat().st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{p}: larger than {MAX_CONFIG_BYTES} bytes: not a configuration", file=str(p))
         raw = yaml.safe_load(p.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read the configuration: {exc.strerror or exc}", file=str(p)) from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not UTF-8 text (byte {exc.start})", file=str(p)) from None
     except yaml.YAMLError as exc:
         raise ConfigError(yaml_problem(p, exc), file=str(p)) from None
+    except RecursionError:
+        raise ConfigError(f"{p}: not valid YAML: nested too deeply", file=str(p)) from None
     if raw is None:
         return {}
     if not isinstance(raw, dict):

@@ -5,7 +5,10 @@ cp_<id>_<secret>``. :class:`Authenticator` looks the id up in this coordinator's
 (tokens are replicated like everything else, stored as SHA-256 of the secret), compares the hash in
 constant time and checks the expiry against the wall clock. Any failure is the same
 UNAUTHENTICATED answer (which of the checks failed is not told: it would help guessing), and no
-token or secret is ever logged or echoed.
+token or secret is ever logged or echoed. One exception: a well-formed token whose id this replica
+does not know while the replica is behind the group (no leader known, or committed entries not yet
+applied: just restarted, or cut off) is answered UNAVAILABLE (retry, or another coordinator), since
+the token may simply not have reached this replica yet.
 
 :class:`AuthInterceptor` enforces authentication for every method of every service before the
 servicer runs (so a method added later cannot forget it); the servicers call
@@ -55,6 +58,13 @@ class Unauthenticated(Exception):
     """No valid token: answered UNAUTHENTICATED."""
 
 
+class CatchingUp(Exception):
+    """A well-formed token this replica does not know (yet) while the replica is behind the group
+    (no leader known, or entries committed but not applied: a restarted or cut-off coordinator).
+    Answered UNAVAILABLE, so a client retries or calls another coordinator instead of taking a
+    valid token for revoked."""
+
+
 class Forbidden(Exception):
     """A valid token whose principal may not call this method: answered PERMISSION_DENIED."""
 
@@ -70,13 +80,20 @@ def bearer_of(metadata: object) -> str | None:
     return None
 
 
-def authenticate(token: str | None, tokens: Mapping[str, TokenRecord], now_ms: int) -> Principal:
-    """The principal ``token`` stands for, or :class:`Unauthenticated`."""
+CATCHING_UP = "this coordinator is catching up with the group and does not know the token yet: retry, or call another coordinator"
+
+
+def authenticate(token: str | None, tokens: Mapping[str, TokenRecord], now_ms: int,
+                 caught_up: Callable[[], bool] | None = None) -> Principal:
+    """The principal ``token`` stands for, or :class:`Unauthenticated` (:class:`CatchingUp` for an
+    unknown id while ``caught_up()`` is False)."""
     parsed = parse_token(token) if token else None
     if parsed is None:
         raise Unauthenticated(AUTH_FAILED)
     token_id, secret = parsed
     record = tokens.get(token_id)
+    if record is None and caught_up is not None and not caught_up():
+        raise CatchingUp(CATCHING_UP)
     if record is None or not matches(record, secret) or record.expired(now_ms):
         raise Unauthenticated(AUTH_FAILED)
     return Principal(record.id, record.role, record.tenant, record.expires_ms)
@@ -85,13 +102,15 @@ def authenticate(token: str | None, tokens: Mapping[str, TokenRecord], now_ms: i
 class Authenticator:
     """Authenticates calls against ``tokens()`` (the local replica's token table) at ``now_ms()``."""
 
-    def __init__(self, tokens: Callable[[], Mapping[str, TokenRecord]], now_ms: Callable[[], int]) -> None:
+    def __init__(self, tokens: Callable[[], Mapping[str, TokenRecord]], now_ms: Callable[[], int],
+                 caught_up: Callable[[], bool] | None = None) -> None:
         self._tokens = tokens
         self._now_ms = now_ms
+        self._caught_up = caught_up
 
     def of_token(self, token: str | None) -> Principal:
-        """The principal ``token`` stands for; raises :class:`Unauthenticated`."""
-        return authenticate(token, self._tokens(), self._now_ms())
+        """The principal ``token`` stands for; raises :class:`Unauthenticated` or :class:`CatchingUp`."""
+        return authenticate(token, self._tokens(), self._now_ms(), self._caught_up)
 
     def principal(self, context: grpc.ServicerContext) -> Principal:
         """The caller's principal; raises :class:`Unauthenticated`."""
@@ -114,16 +133,28 @@ def _abort_unauthenticated_stream(request: object, context: grpc.ServicerContext
     yield  # pragma: no cover  (a generator, like the handler it replaces)
 
 
-def _refusing_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-    """A handler of the same shape as ``handler`` that answers UNAUTHENTICATED."""
+def _abort_catching_up(request: object, context: grpc.ServicerContext) -> None:
+    context.abort(grpc.StatusCode.UNAVAILABLE, CATCHING_UP)
+
+
+def _abort_catching_up_stream(request: object, context: grpc.ServicerContext):
+    context.abort(grpc.StatusCode.UNAVAILABLE, CATCHING_UP)
+    yield  # pragma: no cover  (a generator, like the handler it replaces)
+
+
+def _refusing_handler(handler: grpc.RpcMethodHandler, catching_up: bool = False) -> grpc.RpcMethodHandler:
+    """A handler of the same shape as ``handler`` that answers UNAUTHENTICATED (UNAVAILABLE while
+    the replica is catching up)."""
     de, ser = handler.request_deserializer, handler.response_serializer
+    unary, stream = ((_abort_catching_up, _abort_catching_up_stream) if catching_up
+                     else (_abort_unauthenticated, _abort_unauthenticated_stream))
     if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(_abort_unauthenticated_stream, de, ser)
+        return grpc.stream_stream_rpc_method_handler(stream, de, ser)
     if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(_abort_unauthenticated, de, ser)
+        return grpc.stream_unary_rpc_method_handler(unary, de, ser)
     if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(_abort_unauthenticated_stream, de, ser)
-    return grpc.unary_unary_rpc_method_handler(_abort_unauthenticated, de, ser)
+        return grpc.unary_stream_rpc_method_handler(stream, de, ser)
+    return grpc.unary_unary_rpc_method_handler(unary, de, ser)
 
 
 class AuthInterceptor(grpc.ServerInterceptor):
@@ -140,7 +171,9 @@ class AuthInterceptor(grpc.ServerInterceptor):
             return continuation(handler_call_details)
         try:
             self._auth.of_token(bearer_of(handler_call_details.invocation_metadata))
-        except Unauthenticated:
+        except (Unauthenticated, CatchingUp) as exc:
             handler = continuation(handler_call_details)
-            return None if handler is None else _refusing_handler(handler)  # None: UNIMPLEMENTED as usual
+            if handler is None:
+                return None  # UNIMPLEMENTED as usual
+            return _refusing_handler(handler, catching_up=isinstance(exc, CatchingUp))
         return continuation(handler_call_details)

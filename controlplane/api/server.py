@@ -54,6 +54,7 @@ from controlplane.api.admin import Membership, NodeStatus, to_proto
 from controlplane.api.auth import (
     Authenticator,
     AuthInterceptor,
+    CatchingUp,
     Forbidden,
     Principal,
     Unauthenticated,
@@ -260,6 +261,8 @@ def _failure(exc: Exception, method: str) -> ApiError:
         return invalid_argument(exc)
     if isinstance(exc, Unauthenticated):
         return ApiError(grpc.StatusCode.UNAUTHENTICATED, str(exc))
+    if isinstance(exc, CatchingUp):
+        return ApiError(grpc.StatusCode.UNAVAILABLE, str(exc))
     if isinstance(exc, Forbidden):
         return ApiError(grpc.StatusCode.PERMISSION_DENIED, str(exc))
     if isinstance(exc, ControlPlaneError):
@@ -309,13 +312,18 @@ class ApiCore:
         self.node = node
         self.holder = holder
         self.now_ms = now_ms
-        self.auth = Authenticator(lambda: getattr(self.node.state_copy(), "tokens", {}), now_ms)
+        self.auth = Authenticator(lambda: getattr(self.node.state_copy(), "tokens", {}), now_ms, self.caught_up)
         self.stopping = threading.Event()
         self._watch_lock = threading.Lock()
         self.active_watches = 0
         """Live watch streams being served now (at most :data:`MAX_WATCHES`)."""
         self._channels: dict[str, grpc.Channel] = {}
         self._channels_lock = threading.Lock()
+
+    def caught_up(self) -> bool:
+        """This replica knows a leader and has applied everything it knows to be committed."""
+        st = self.node.status()
+        return bool(st.leader_id) and st.applied_index >= st.commit_index
 
     # reads ------------------------------------------------------------------------------------------------
     def read(self, context: grpc.ServicerContext, opts: api_pb2.ReadOptions | None = None) -> tuple[ControlState, api_pb2.ReadInfo]:

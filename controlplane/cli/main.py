@@ -104,6 +104,12 @@ def _parser() -> argparse.ArgumentParser:
     bp.add_argument("--seed", type=int, default=0, help="random seed, the same for every policy (default 0)")
     bp.add_argument("--rate-scale", type=float, default=1.0, help="compress trace time by this factor")
     bp.add_argument("--limit-s", type=float, default=None, help="replay only the first seconds of each trace")
+    bs = bench_sub.add_parser("soak", help="long run under steady load and periodic kill -9: memory, fds, journal growth")
+    bs.add_argument("--minutes", type=float, required=True, help="length of the run in minutes (fractions allowed)")
+    bs.add_argument("--out", default="out/soak", metavar="DIR", help="where soak.json, report.md and soak.png go")
+    bs.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    bs.add_argument("--sample-s", type=float, default=None, help="seconds between samples (default 10; shorter runs: less)")
+    bs.add_argument("--fault-every-s", type=float, default=None, help="seconds between faults (default 300)")
     bc = bench_sub.add_parser("chaos", help="randomized fault schedules (kill -9, pauses, partitions, clock jumps, slow "
                                             "disk, adapter crashes) on real processes, checked for safety")
     bc.add_argument("--runs", type=int, default=10, help="schedules to run (default 10)")
@@ -338,6 +344,10 @@ def _bench(args: argparse.Namespace) -> int:
         from controlplane.bench.chaos import run_cli as run_chaos
 
         return run_chaos(args.runs, args.seed, args.out, args.json, nodes=args.nodes, faults=args.faults, keep=args.keep)
+    if args.bench == "soak":
+        from controlplane.bench.soak import run_cli as run_soak
+
+        return run_soak(args.minutes, args.out, args.json, sample_s=args.sample_s, fault_every_s=args.fault_every_s)
     if args.bench == "policies":
         from controlplane.bench.policies import run_cli as run_policies
 

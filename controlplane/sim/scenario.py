@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import pydantic
 import yaml
@@ -26,7 +26,6 @@ from controlplane.specs import (
     Strict,
     TenantSpec,
     deployment_of,
-    model_from_dataclass,
     tenant_of,
 )
 from controlplane.sim.workload import GeneratorSpec
@@ -39,7 +38,45 @@ class ScenarioError(PermanentError):
 
 
 
-GeneratorModel = model_from_dataclass(GeneratorSpec, "GeneratorModel")
+MAX_GENERATED_REQUESTS = 50_000_000
+"""Per deployment: a generator whose peak rate x duration allows more is refused (it would not finish)."""
+MAX_OFFSET_S = 30 * 86_400
+
+
+class Finite(Strict):
+    """Scenario fields: every float finite (NaN or infinity would hang or crash the workload)."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class GeneratorModel(Finite):
+    """:class:`GeneratorSpec`'s fields and defaults with bounds (checked against it at import)."""
+
+    duration_s: float = Field(600.0, gt=0, le=30 * 86_400)
+    base_rps: float = Field(4.0, ge=0, le=100_000)
+    diurnal_period_s: float = Field(600.0, gt=0)
+    diurnal_amplitude: float = Field(0.5, ge=0, le=1)
+    burst_every_s: float = Field(120.0, ge=0)
+    """0: no bursts."""
+    burst_duration_s: float = Field(20.0, ge=0)
+    burst_factor: float = Field(6.0, ge=0, le=1_000)
+    prompt_mean: float = Field(1200.0, gt=0, le=1_000_000)
+    output_mean: float = Field(200.0, gt=0, le=1_000_000)
+
+    @pydantic.model_validator(mode="after")
+    def _bounded_total(self) -> GeneratorModel:
+        if 0 < self.burst_every_s < 1:
+            raise ValueError(f"burst_every_s: 0 (no bursts) or at least 1 s, got {self.burst_every_s}")
+        peak = self.base_rps * (1 + self.diurnal_amplitude) * max(1.0, self.burst_factor)
+        if peak * self.duration_s > MAX_GENERATED_REQUESTS:
+            raise ValueError(f"base_rps x (1 + diurnal_amplitude) x burst_factor x duration_s allows "
+                             f"{peak * self.duration_s:.3g} requests, more than {MAX_GENERATED_REQUESTS}")
+        return self
+
+
+_GEN_DEFAULTS = {f.name: f.default for f in dataclasses.fields(GeneratorSpec)}
+if {k: v.default for k, v in GeneratorModel.model_fields.items()} != _GEN_DEFAULTS:
+    raise RuntimeError("GeneratorModel drifted from GeneratorSpec: update controlplane/sim/scenario.py")
 
 
 class ClusterSpec(Strict):
@@ -49,23 +86,29 @@ class ClusterSpec(Strict):
     capacity: GpuMap
 
 
-class TraceWorkload(Strict):
+class TraceWorkload(Finite):
     trace: str
     rate_scale: float = Field(1.0, gt=0, le=1000)
-    offset_s: float = Field(0.0, ge=0)
+    offset_s: float = Field(0.0, ge=0, le=MAX_OFFSET_S)
     limit_s: float | None = Field(None, gt=0)
 
 
-class GeneratedWorkload(Strict):
-    generator: GeneratorModel  # type: ignore[valid-type]
-    offset_s: float = Field(0.0, ge=0)
+class GeneratedWorkload(Finite):
+    generator: GeneratorModel
+    offset_s: float = Field(0.0, ge=0, le=MAX_OFFSET_S)
+
+
+def _workload_kind(value: Any) -> str:
+    return "TraceWorkload" if isinstance(value, dict) and "trace" in value else "GeneratedWorkload"
 
 
 class DeploymentSpec(DeploymentBase):
-    workload: TraceWorkload | GeneratedWorkload
+    workload: Annotated[Annotated[TraceWorkload, pydantic.Tag("TraceWorkload")] | Annotated[GeneratedWorkload, pydantic.Tag("GeneratedWorkload")],
+                        pydantic.Discriminator(_workload_kind)]
+    """A trace or a generator: errors name the fields of the one given, not of both."""
 
 
-class FailureSpec(Strict):
+class FailureSpec(Finite):
     kind: Literal["warmup_failures", "cluster_outage"]
     cluster: Ident
     deployment: Ident | None = None
@@ -120,8 +163,12 @@ def load_scenario(path: str | Path) -> Scenario:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ScenarioError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     except yaml.YAMLError as exc:
         raise ScenarioError(yaml_problem(path, exc)) from None
+    except RecursionError:
+        raise ScenarioError(f"{path}: not valid YAML: nested too deeply") from None
     return scenario_from_data(raw, source=str(path), base_dir=path.parent)
 
 

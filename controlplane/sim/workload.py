@@ -61,8 +61,8 @@ def read_azure_trace(path: str | Path, *, rate_scale: float = 1.0, limit_s: floa
     """Read an Azure LLM inference trace. ``rate_scale`` > 1 compresses time (more load);
     ``limit_s`` keeps only the first seconds of the trace."""
     path = Path(path)
-    if rate_scale <= 0:
-        raise TraceError(f"rate_scale must be > 0, got {rate_scale}")
+    if not (rate_scale > 0 and math.isfinite(rate_scale)):
+        raise TraceError(f"rate_scale must be a finite number > 0, got {rate_scale}")
     try:
         handle = path.open(newline="", encoding="utf-8")
     except OSError as exc:
@@ -80,7 +80,7 @@ def _rows(path: Path, handle, rate_scale: float, limit_s: float | None) -> Itera
     except (csv.Error, UnicodeDecodeError) as exc:
         raise TraceError(f"{path}:1: unreadable header: {exc}") from None
     if tuple(h.strip() for h in header) != AZURE_COLUMNS:
-        raise TraceError(f"{path}:1: header must be {','.join(AZURE_COLUMNS)}, got {','.join(header)}")
+        raise TraceError(f"{path}:1: header must be {','.join(AZURE_COLUMNS)}, got {','.join(header)!r}")
     t0: float | None = None
     prev = -math.inf
     try:

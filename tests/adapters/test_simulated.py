@@ -352,10 +352,10 @@ def scripted_run(seed: int) -> list[Observations]:
     d.do("create", "i1")
     d.do("create", "j1", deployment="d2")
     d.run(COLD + 2_000)
-    d.do("sleep", "j1")
+    d.do("sleep", "j1", deployment="d2")
     d.do("create", "i2")
     d.run(3_000)
-    d.do("wake", "j1")
+    d.do("wake", "j1", deployment="d2")
     d.do("drain", "i1", deadline_ms=d.clock.now + 500)
     d.run(COLD + 1_000)
     return d.observed

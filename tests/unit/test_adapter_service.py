@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from collections import deque
@@ -12,7 +13,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from adapters.backend import InstanceCommand, ScaleCommand
+from adapters.backend import MAX_GPUS_PER_INSTANCE, MAX_REPLICAS, InstanceCommand, ScaleCommand
 from adapters.client import RemoteAdapter, _raise_translated
 from adapters.service import (
     SERVICE_NAME,
@@ -193,6 +194,8 @@ def test_scale_reaches_the_backend_and_is_idempotent_by_request_id(scripted) -> 
 
 @pytest.mark.parametrize("kwargs, field", [
     ({"replicas": -1}, "replicas"),
+    ({"replicas": MAX_REPLICAS + 1}, "replicas: must be between 0 and 10000"),
+    ({"replicas": 2**31 - 1}, "replicas"),
     ({"victims": ["x", "y", "x"]}, "victims"),
     ({"deployment": ""}, "deployment_id"),
     ({"request_id": ""}, "request_id"),
@@ -216,6 +219,24 @@ def test_bad_apply_requests_are_invalid_argument(scripted, command, field) -> No
     with pytest.raises(ValidationError, match=field):
         client.send("c1", command, Fence(1, 1, "n1"), 0)
     assert backend.applied == []
+
+
+@pytest.mark.parametrize("gpus", [MAX_GPUS_PER_INSTANCE + 1, 2**31 - 1])
+def test_an_instance_asking_for_too_many_gpus_is_invalid_argument(scripted, gpus: int) -> None:
+    _, client, backend = scripted
+    big = dataclasses.replace(INST, gpus=gpus)
+    with pytest.raises(ValidationError, match="instance.gpus: must be between 1 and 64"):
+        client.send("c1", AdapterCommand("r-1", "create", big), Fence(1, 1, "n1"), 0)
+    assert backend.applied == []
+
+
+def test_a_crashing_backend_is_a_clear_internal_error_and_not_remembered(scripted) -> None:
+    server, client, backend = scripted
+    backend.fail.append(KeyError("slot"))
+    with pytest.raises(Unavailable, match="INTERNAL: create: internal error in the backend: KeyError"):
+        client.send("c1", AdapterCommand("r-1", "create", INST), Fence(1, 1, "n1"), 0)
+    client.send("c1", AdapterCommand("r-1", "create", INST), Fence(1, 2, "n1"), 0)  # the same id applies later
+    assert [c.request_id for c in backend.applied] == ["r-1"] and server.servicer.applied == 1
 
 
 def test_apply_with_the_wrong_cluster_id_is_invalid_argument(scripted) -> None:
@@ -433,6 +454,18 @@ def test_a_failing_observe_still_publishes_an_empty_batch() -> None:
     good = hub.pump()
     assert (good.seq, len(good.samples)) == (2, 1)
     assert hub.observe_errors == 1
+
+
+def test_a_sample_the_wire_cannot_carry_still_publishes_an_empty_batch() -> None:
+    clock = FakeClock(1_000)
+    backend = ScriptedBackend()
+    backend.observations.extend([Observations(1_000, (sample("i1", 1_000, running=2**40),)),
+                                 Observations(1_250, (sample("i1", 1_250),))])
+    hub = ObservationHub("c1", backend, clock_ms=clock)
+    bad = hub.pump()
+    assert (bad.seq, len(bad.samples), hub.observe_errors) == (1, 0, 1)
+    clock.now = 1_250
+    assert (hub.pump().seq, hub.observe_errors) == (2, 1)  # the stream goes on
 
 
 def test_hub_rejects_a_non_positive_interval() -> None:

@@ -11,6 +11,7 @@ import pytest
 from controlplane.api import convert as cv
 from controlplane.api.auth import (
     AUTH_FAILED,
+    CatchingUp,
     Principal,
     Unauthenticated,
     authenticate,
@@ -58,6 +59,22 @@ def test_every_bad_token_is_the_same_unauthenticated(case: str) -> None:
     with pytest.raises(Unauthenticated) as err:
         authenticate(presented, tokens, now_ms=100)
     assert str(err.value) == AUTH_FAILED
+
+
+def test_an_unknown_token_on_a_replica_that_is_behind_is_catching_up_not_unauthenticated() -> None:
+    token, rec = _record()
+    other, _, _ = new_token()
+    behind, current = (lambda: False), (lambda: True)
+    with pytest.raises(CatchingUp):  # may simply not have reached this replica yet: retry
+        authenticate(other, {rec.id: rec}, now_ms=10, caught_up=behind)
+    with pytest.raises(Unauthenticated):  # a replica that is up to date does not know it: refused
+        authenticate(other, {rec.id: rec}, now_ms=10, caught_up=current)
+    wrong = f"cp_{rec.id}_{parse_token(other)[1]}"  # type: ignore[index]
+    with pytest.raises(Unauthenticated):  # a known id with a wrong secret is refused even when behind
+        authenticate(wrong, {rec.id: rec}, now_ms=10, caught_up=behind)
+    with pytest.raises(Unauthenticated):  # malformed is malformed
+        authenticate("hello", {}, now_ms=10, caught_up=behind)
+    assert authenticate(token, {rec.id: rec}, now_ms=10, caught_up=behind).token_id == rec.id
 
 
 def test_bearer_header_parsing() -> None:
