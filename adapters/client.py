@@ -194,6 +194,8 @@ class RemoteObservations:
         self._threads: list[threading.Thread] = []
         self.batches_received = 0
         self.connected: dict[str, bool] = {cid: False for cid in addresses}
+        self.observe_failing: dict[str, bool] = {cid: False for cid in addresses}
+        """Cluster -> its latest batch said the backend could not observe (``observe_failed``)."""
         self.refused: dict[str, str] = {}
         """Clusters whose adapter refused this coordinator (UNAUTHENTICATED / PERMISSION_DENIED / TLS), with why."""
 
@@ -221,6 +223,7 @@ class RemoteObservations:
             self._stubs[cluster_id] = adapter_pb2_grpc.ClusterAdapterStub(channel)
             self._clocks.setdefault(cluster_id, ClockMap())
             self.connected.setdefault(cluster_id, False)
+            self.observe_failing.setdefault(cluster_id, False)
             call = self._calls.get(cluster_id)
         if old is None:
             if self._started:
@@ -295,6 +298,7 @@ class RemoteObservations:
         return True
 
     def _receive(self, cid: str, batch: adapter_pb2.ObservationBatch) -> None:
+        self.observe_failing[cid] = batch.observe_failed
         clock = self._clocks[cid]
         clock.observe(batch.at_ms, self._clock_ms())
         obs = observations_of(batch, clock.offset() or 0)

@@ -922,9 +922,23 @@ class KubernetesBackend:
                 out.append(driver.sample(InstanceId(iid), deployment, now_ms))
             except Exception as exc:  # noqa: BLE001 - one bad engine must never break the observation pump
                 log.warning("kubernetes.sample_failed", instance=iid, error=str(exc))
-                out.append(InstanceSample(InstanceId(iid), deployment, now_ms, running=0, waiting=0, kv_usage=0.0,
-                                          prompt_tokens_per_s=0.0, generation_tokens_per_s=0.0, healthy=False))
+                out.append(_unhealthy(iid, deployment, now_ms))
+        # A serving pod that is not Ready now (readiness probe failing, container restarting) still
+        # exists: name it, unhealthy and idle, so that the coordinator does not take its silence for
+        # a vanished instance (docs/lifecycle.md, "Instances an adapter stops reporting") and leave
+        # the pod orphaned; Kubernetes' own probes restart a wedged engine.
+        with self._lock:
+            for deployment, wl in self._workloads.items():
+                for inst in self._instances[deployment].values():
+                    pod = wl.pods.get(inst.pod)
+                    if inst.phase is Phase.SERVING and pod is not None and not pod.ready:
+                        out.append(_unhealthy(inst.instance_id, deployment, now_ms))
         return tuple(out)
+
+
+def _unhealthy(iid: str, deployment: DeploymentId, now_ms: int) -> InstanceSample:
+    return InstanceSample(InstanceId(iid), deployment, now_ms, running=0, waiting=0, kv_usage=0.0,
+                          prompt_tokens_per_s=0.0, generation_tokens_per_s=0.0, healthy=False)
 
 
 def parse_pending(text: str | None) -> tuple[str, ...]:

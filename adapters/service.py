@@ -272,20 +272,21 @@ class ObservationHub:
     def pump(self) -> adapter_pb2.ObservationBatch:
         """Take one observation from the backend and publish it (the thread calls this every interval)."""
         now = self._clock_ms()
+        failed = False
         try:
             obs = self._backend.observe(now)
-        except Exception as exc:  # a backend bug must not stop the stream: publish an empty batch
-            self.observe_errors += 1
+        except Exception as exc:  # a backend failure must not stop the stream: publish an empty batch,
+            self.observe_errors += 1  # marked, so that nobody takes it for an empty cluster
             log.error("observe_failed", cluster=self.cluster_id, error=f"{type(exc).__name__}: {exc}")
-            obs = Observations(now)
+            obs, failed = Observations(now), True
         with self._cond:
             self._seq += 1
             try:
-                batch = batch_of(self.cluster_id, self._seq, self.stream_id, obs)
+                batch = batch_of(self.cluster_id, self._seq, self.stream_id, obs, observe_failed=failed)
             except Exception as exc:  # a value the wire cannot carry (a backend bug): never kill the stream
                 self.observe_errors += 1
                 log.error("observe_unencodable", cluster=self.cluster_id, error=f"{type(exc).__name__}: {exc}")
-                batch = batch_of(self.cluster_id, self._seq, self.stream_id, Observations(now))
+                batch = batch_of(self.cluster_id, self._seq, self.stream_id, Observations(now), observe_failed=True)
             self._ring.append(batch)
             self._cond.notify_all()
         return batch

@@ -9,9 +9,10 @@ from controlplane.domain.ids import DeploymentId, InstanceId
 from controlplane.domain.observations import InstanceReport, InstanceSample, Observations
 
 
-def batch_of(cluster_id: str, seq: int, stream_id: str, obs: Observations) -> adapter_pb2.ObservationBatch:
+def batch_of(cluster_id: str, seq: int, stream_id: str, obs: Observations,
+             observe_failed: bool = False) -> adapter_pb2.ObservationBatch:
     return adapter_pb2.ObservationBatch(
-        cluster_id=cluster_id, seq=seq, at_ms=obs.at_ms, stream_id=stream_id,
+        cluster_id=cluster_id, seq=seq, at_ms=obs.at_ms, stream_id=stream_id, observe_failed=observe_failed,
         samples=[sample_message(s) for s in obs.samples],
         reports=[adapter_pb2.InstanceReport(instance_id=r.instance_id, event=r.event, at_ms=r.at_ms, detail=r.detail)
                  for r in obs.reports],

@@ -88,6 +88,18 @@ _NO_ALLOCATION = preemption.Allocation({}, ())
 MAX_CREATES_PER_TICK = 256
 """Fan-out limit: most new instances one tick may create (all deployments together)."""
 
+UNREPORTED_LOST_MS = 10_000
+"""A serving (Ready/Busy) instance that its cluster's adapter has not named in any observation
+batch for longer than this, while that adapter *is* delivering batches, is declared lost (see
+:func:`unreported`). 40 observation intervals (250 ms): far above the jitter of a healthy stream
+(the coordinator holds a sample for 1 s, a broken stream reconnects within 2 s), far below the
+Pending timeout (120 s) that catches the same loss before an instance serves."""
+ADAPTER_FRESH_MS = 2_000
+"""A cluster's adapter counts as delivering when its latest batch (or, for a coordinator that
+fences, its latest answered fence with an open observation stream) is at most this old: 8
+observation intervals. A cluster silent for longer is unreachable, not empty: its instances are
+never declared lost for being unreported (a partition is not a death; the breaker handles it)."""
+
 
 @dataclass(frozen=True, slots=True)
 class ReconcileConfig:
@@ -101,6 +113,10 @@ class ReconcileConfig:
     """A Pending instance whose pod has not started warming after this long is declared lost."""
     warmup_timeout_ms: int = 600_000
     """A warm-up still unfinished after this long counts as failed (and feeds the breaker)."""
+    unreported_lost_ms: int = UNREPORTED_LOST_MS
+    """A Ready/Busy instance unnamed by its delivering adapter for longer than this is lost."""
+    adapter_fresh_ms: int = ADAPTER_FRESH_MS
+    """An adapter whose latest batch is older than this is not delivering (see ``ADAPTER_FRESH_MS``)."""
     decider: Callable[[ControlState, Deployment, FilteredSignals | None, int], scaling.ScaleDecision] | None = field(
         default=None, compare=False
     )
@@ -117,6 +133,18 @@ class SendFailure:
     instance_id: InstanceId
     action: str
     at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One cluster's observation stream as the lease holder has seen it (soft, per holder)."""
+
+    since_ms: int
+    """First batch of the current uninterrupted run of batches (gaps longer than
+    ``adapter_fresh_ms`` start a new run): after a failover, an adapter restart or a partition,
+    an instance's unreported time is counted from here, never from before."""
+    last_ms: int
+    """Latest batch."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,8 +224,16 @@ def facts(
     now_ms: int,
     cfg: ReconcileConfig,
     rng: random.Random,
+    *,
+    seen: Mapping[InstanceId, int] | None = None,
+    delivery: Mapping[ClusterId, Delivery] | None = None,
 ) -> tuple[c.Command, ...]:
-    """Replicated commands for what happened since the last tick."""
+    """Replicated commands for what happened since the last tick.
+
+    ``seen`` (instance -> latest batch that named it, by a sample or a report) and ``delivery``
+    (cluster -> its adapter's stream) let :func:`unreported` declare lost the serving instances an
+    adapter that is delivering no longer names. Without them (None) nothing is declared lost that
+    way."""
     out: list[c.Command] = []
     breakers = _Breakers(state.breakers)
     # The state of each instance as of the transitions emitted so far this tick (``moved``
@@ -237,6 +273,12 @@ def facts(
             stuck = _stuck_event(inst, now_ms, cfg)
             if stuck is not None and move(inst, stuck, now_ms):
                 _feed_breakers(breakers, inst, stuck, now_ms, cfg, rng)
+    if seen is not None and delivery:
+        # Handled exactly like a ``lost`` report (same transition, same breaker feed), after the
+        # reports: an instance a report moved this tick has left Ready/Busy, ``move`` refuses it.
+        for inst, _unseen_ms in unreported(state, seen, delivery, now_ms, cfg):
+            if moved.get(inst.id, inst.state) in (ready, busy) and move(inst, E.LOST, now_ms):
+                _feed_breakers(breakers, inst, E.LOST, now_ms, cfg, rng)
     instance_of = state.instances.get
     moved_state = moved.get
     for sample in obs.samples:
@@ -250,6 +292,44 @@ def facts(
         elif cur is busy and sample.running + sample.waiting == 0:
             move(inst, E.IDLE, sample.at_ms)
     return tuple(out + breakers.commands())
+
+
+def unreported(
+    state: ControlState,
+    seen: Mapping[InstanceId, int],
+    delivery: Mapping[ClusterId, Delivery],
+    now_ms: int,
+    cfg: ReconcileConfig,
+) -> list[tuple[Instance, int]]:
+    """The serving instances whose adapter no longer reports them, with for how long (ms).
+
+    The adapter is the authority on what runs in its cluster. A Ready or Busy instance is named in
+    every batch while it runs (a sample per interval); one that vanished while its adapter was
+    down (the engines of a killed simulated adapter die with it; pods deleted while a Kubernetes
+    adapter was down are not tracked after its restart) is never reported ``lost``. So: an instance
+    in Ready/Busy whose cluster's adapter is delivering (latest batch within ``adapter_fresh_ms``)
+    but that no batch has named for longer than ``unreported_lost_ms`` is lost. Its unreported time
+    counts from the latest of: the batch that last named it, the start of the adapter's current run
+    of batches (``Delivery.since_ms``: a failover, an adapter restart or a partition restarts the
+    clock, so nothing is declared lost at once), and the instance's entry into its state (a report
+    replayed by a new holder). An adapter that is silent or unreachable declares nothing.
+    Standby, Warming, Pending and Draining instances are untouched: no backend samples them (a
+    warm-up can take minutes unnamed), so silence proves nothing; Pending and Warming ones have
+    their own timeouts, and a vanished Standby or Draining one needs the adapter to keep an
+    inventory (docs/reliability.md, "Bugs found")."""
+    out: list[tuple[Instance, int]] = []
+    ready, busy = _READY, _BUSY
+    bound, fresh = cfg.unreported_lost_ms, cfg.adapter_fresh_ms
+    for inst in state.instances.values():  # the replicated order: the same on every replica
+        if inst.state is not ready and inst.state is not busy:
+            continue
+        d = delivery.get(inst.cluster)
+        if d is None or now_ms - d.last_ms > fresh:
+            continue  # adapter silent or unreachable: no verdict
+        since = max(seen.get(inst.id, d.since_ms), d.since_ms, inst.state_since_ms)
+        if now_ms - since > bound:
+            out.append((inst, now_ms - since))
+    return out
 
 
 def _stuck_event(inst: Instance, now_ms: int, cfg: ReconcileConfig) -> InstanceEvent | None:

@@ -1,7 +1,8 @@
 """The control loop: gather -> decide -> commit -> act, one tick at a time.
 
-The loop owns only soft state (signal filters, undelivered-command failures); everything a new
-leader needs is in the replicated state behind the :class:`~controlplane.ports.Replicator`. Each tick:
+The loop owns only soft state (signal filters, undelivered-command failures, and on the lease
+holder when each instance was last named by its adapter); everything a new leader needs is in the
+replicated state behind the :class:`~controlplane.ports.Replicator`. Each tick:
 
 1. **gather** observations from the adapters (samples, lifecycle reports, gateway queues);
 2. commit the **facts** they imply (instance transitions, breaker updates);
@@ -26,11 +27,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+import structlog
+
 from controlplane.core import breaker, reconcile, signals
 from controlplane.core.reconcile import LiveDecision
 from controlplane.domain import commands as c
 from controlplane.domain.errors import StaleEpoch, TemporaryError
-from controlplane.domain.ids import DeploymentId, InstanceId
+from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId
 from controlplane.domain.instances import SERVING_STATES, Instance, InstanceEvent
 from controlplane.domain.observations import (
     InstanceReport,
@@ -58,6 +61,7 @@ RETRY_WINDOW_MS = 600_000
 """An undelivered sleep/drain/cancel is re-sent (same request id) for at most this long."""
 REPORT_REPLAY_MS = 120_000
 """How far back a new holder reads the adapters' lifecycle reports (their ring buffers keep ~2 min)."""
+log = structlog.get_logger("controlplane.loop")
 __all__ = ["ACTION_OF_EVENT", "ControlLoop", "LiveDecision", "LoopStatistics", "TickReport"]
 
 RETRIED_ACTIONS = ("sleep", "drain", "cancel")
@@ -121,6 +125,11 @@ class ControlLoop:
         }
         self._epoch_seen: int | None = None
         self._replayed_reports: list[InstanceReport] = []
+        self._seen: dict[InstanceId, int] = {}
+        """Instance -> latest batch (its time) that named it by a sample or a report. Soft, kept by
+        the lease holder only, and started afresh at each new epoch (``reconcile.unreported``)."""
+        self._delivery: dict[ClusterId, reconcile.Delivery] = {}
+        """Cluster -> its adapter's current run of batches, as this holder has seen it."""
         self.last_signals: dict[DeploymentId, signals.FilteredSignals | None] = {}
         """The filtered signals of the latest tick (replaced whole each tick)."""
         self.live_decisions: dict[DeploymentId, LiveDecision] = {}
@@ -140,12 +149,16 @@ class ControlLoop:
         epoch = self._authority(now_ms)
         if epoch is not None and self._act_delay_s > 0:
             time.sleep(self._act_delay_s)  # fault injection only (0 in production)
-        if epoch is not None and not self._fence(epoch, now_ms):
+        answered: list[ClusterId] = []
+        if epoch is not None and not self._fence(epoch, now_ms, answered):
             epoch = None  # a newer epoch exists somewhere: do not act
         if epoch is not None and epoch != self._epoch_seen:
             self._epoch_seen = epoch
+            self._seen, self._delivery = {}, {}  # a new holder's "last seen" clocks start now
             self._replay_recent(now_ms)
         obs = self._source.gather(now_ms)  # gather (after fencing: the state read is post-fence)
+        if epoch is not None:
+            self._track(self._replicator.state, obs, answered, now_ms)  # before the replayed reports join
         if self._replayed_reports:
             obs = dataclasses.replace(obs, reports=tuple(self._replayed_reports) + obs.reports)
             self._replayed_reports = []
@@ -154,8 +167,11 @@ class ControlLoop:
         if epoch is None:
             self.live_decisions = {}
             return TickReport(now_ms, False, None, 0, 0, 0)
-        facts = reconcile.facts(state, obs, self._failures, now_ms, self._cfg, self._rng)
+        facts = reconcile.facts(state, obs, self._failures, now_ms, self._cfg, self._rng,
+                                seen=self._seen, delivery=self._delivery)
         self._failures = []
+        if any(isinstance(f, c.TransitionInstance) and f.event is InstanceEvent.LOST and f.at_ms == now_ms for f in facts):
+            self._log_unreported(state, facts, now_ms)
         self._commit(facts, now_ms)
         state = self._replicator.state  # a replicated state may be a copy: read it again
         plan = reconcile.plan(state, filtered, loads, now_ms, self._cfg)  # decide
@@ -189,7 +205,58 @@ class ControlLoop:
             self._replayed_reports.extend(obs.reports)
         self._stats["replayed_epochs"] += 1
 
-    def _fence(self, epoch: int, now_ms: int) -> bool:
+    def _track(self, state: ControlState, obs: Observations, answered: Sequence[ClusterId], now_ms: int) -> None:
+        """Record which instances this gather names and which clusters' adapters are delivering.
+
+        A sample or report naming an instance is a batch from its cluster at that time (a held
+        sample keeps its batch's time). A cluster none of whose instances is named this tick still
+        counts as delivering when its adapter answered this tick's fence *and* its observation
+        stream is connected (``source.connected``, a cluster -> bool mapping, when the source has
+        one) *and* its latest batch was not marked ``observe_failed`` (``source.observe_failing``):
+        that is how a cluster whose instances all vanished is seen to be empty rather than
+        unreachable or unobservable. Reports replayed by a new holder are not counted: they are old."""
+        fresh = self._cfg.adapter_fresh_ms
+        latest: dict[ClusterId, int] = {}
+        instances, seen = state.instances, self._seen
+        for named in (obs.samples, obs.reports):
+            for o in named:
+                inst = instances.get(o.instance_id)
+                if inst is None:
+                    continue
+                at = min(o.at_ms, now_ms)
+                if at > seen.get(inst.id, at - 1):
+                    seen[inst.id] = at
+                if at > latest.get(inst.cluster, at - 1):
+                    latest[inst.cluster] = at
+        connected = getattr(self._source, "connected", None)
+        failing = getattr(self._source, "observe_failing", None)
+        failing = failing if isinstance(failing, Mapping) else {}
+        if isinstance(connected, Mapping):
+            for cid in answered:
+                # an empty batch from a backend that could not observe (its API down) says nothing
+                if connected.get(cid, False) and not failing.get(cid, False):
+                    latest[cid] = now_ms
+        for cid, at in latest.items():
+            if now_ms - at > fresh:
+                continue  # an old batch (a held sample near its end): not evidence of delivery now
+            d = self._delivery.get(cid)
+            if d is None or at - d.last_ms > fresh:
+                self._delivery[cid] = reconcile.Delivery(at, at)  # a new run: clocks restart here
+            elif at > d.last_ms:
+                self._delivery[cid] = reconcile.Delivery(d.since_ms, at)
+        if len(seen) > len(instances):  # instances left the state: forget them
+            self._seen = {k: v for k, v in seen.items() if k in instances}
+
+    def _log_unreported(self, state: ControlState, facts: Sequence[c.Command], now_ms: int) -> None:
+        lost = {f.instance_id for f in facts if isinstance(f, c.TransitionInstance) and f.event is InstanceEvent.LOST}
+        for inst, unseen_ms in reconcile.unreported(state, self._seen, self._delivery, now_ms, self._cfg):
+            if inst.id in lost:
+                log.warning("instance_unreported", instance=inst.id, cluster=inst.cluster, state=inst.state.value,
+                            unreported_ms=unseen_ms,
+                            reason=f"no longer reported by its adapter for {unseen_ms} ms while the adapter delivers "
+                                   f"batches: declared lost")
+
+    def _fence(self, epoch: int, now_ms: int, answered: list[ClusterId] | None = None) -> bool:
         """Send a bare fence with ``epoch`` to every cluster's adapter (adapters that support it).
 
         A new lease holder does this before anything else, so that commands of older epochs are
@@ -203,6 +270,8 @@ class ControlLoop:
             self._seq += 1
             try:
                 fence(cid, Fence(epoch, self._seq, self._holder), now_ms)
+                if answered is not None:
+                    answered.append(cid)
             except StaleEpoch:
                 self._stats["stale_rejections"] += 1
                 return False

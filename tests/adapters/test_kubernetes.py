@@ -175,6 +175,19 @@ def test_create_binds_pod_reports_warmup_then_warmed_and_samples(env: Env) -> No
     assert reports.seen.count(("i-1", "start_warmup")) == 1 and reports.seen.count(("i-1", "warmed")) == 1
 
 
+def test_a_serving_pod_that_is_not_ready_is_still_named_unhealthy(env: Env) -> None:
+    env.fake.add_workload("Deployment", NS, "web")
+    backend = env.backend()
+    reports = Reports(backend)
+    serving(env, backend, reports, "i-1", "i-2")
+    env.fake.set_pod_ready(NS, env.pod_of("i-1"), ready=False)  # readiness probe failing
+    wait_until(lambda: (reports.poll() or True) and
+               sorted((s.instance_id, s.healthy) for s in reports.samples) == [("i-1", False), ("i-2", True)])
+    assert not any(e == "lost" for i, e in reports.seen if i == "i-1")  # it still exists: not lost
+    env.fake.set_pod_ready(NS, env.pod_of("i-1"))
+    wait_until(lambda: (reports.poll() or True) and all(s.healthy for s in reports.samples) and len(reports.samples) == 2)
+
+
 def test_repeated_create_does_not_add_replicas(env: Env) -> None:
     env.fake.add_workload("Deployment", NS, "web")
     backend = env.backend()

@@ -449,10 +449,10 @@ def test_a_failing_observe_still_publishes_an_empty_batch() -> None:
     hub = ObservationHub("c1", backend, clock_ms=clock)
     bad = hub.pump()
     assert (bad.seq, bad.at_ms, len(bad.samples), len(bad.reports), len(bad.gateway)) == (1, 1_000, 0, 0, 0)
-    assert hub.observe_errors == 1
+    assert bad.observe_failed and hub.observe_errors == 1  # not to be taken for an empty cluster
     clock.now = 1_250
     good = hub.pump()
-    assert (good.seq, len(good.samples)) == (2, 1)
+    assert (good.seq, len(good.samples), good.observe_failed) == (2, 1, False)
     assert hub.observe_errors == 1
 
 
@@ -463,7 +463,7 @@ def test_a_sample_the_wire_cannot_carry_still_publishes_an_empty_batch() -> None
                                  Observations(1_250, (sample("i1", 1_250),))])
     hub = ObservationHub("c1", backend, clock_ms=clock)
     bad = hub.pump()
-    assert (bad.seq, len(bad.samples), hub.observe_errors) == (1, 0, 1)
+    assert (bad.seq, len(bad.samples), bad.observe_failed, hub.observe_errors) == (1, 0, True, 1)
     clock.now = 1_250
     assert (hub.pump().seq, hub.observe_errors) == (2, 1)  # the stream goes on
 

@@ -575,3 +575,170 @@ def test_an_acting_tick_records_a_live_decision_per_deployment_and_a_passive_one
     holding["now"] = False
     rg.loop.tick(T0 + TICK_MS)
     assert rg.loop.live_decisions == {} and before[DeploymentId("chat")] is live  # replaced, never mutated
+
+
+# --- instances no longer reported by a delivering adapter -------------------------------------------
+
+
+class FleetSource:
+    """ObservationSource over a live fleet: each gather samples the instances in ``alive`` (one
+    batch per tick, like an adapter every 250 ms). With ``connected`` (cluster -> stream up), like
+    ``adapters.client.RemoteObservations``."""
+
+    def __init__(self, alive: set[str], connected: dict[str, bool] | None = None,
+                 observe_failing: dict[str, bool] | None = None) -> None:
+        self.alive = alive
+        if connected is not None:
+            self.connected = connected
+        if observe_failing is not None:
+            self.observe_failing = observe_failing
+
+    def gather(self, now_ms: int) -> Observations:
+        return Observations(now_ms, tuple(
+            InstanceSample(InstanceId(i), DeploymentId("chat"), now_ms, 0, 0, 0.0, 0.0, 0.0) for i in sorted(self.alive)))
+
+
+@dataclass
+class ReachableAdapter(RecordingAdapter):
+    """Takes bare fences while ``up`` (else Unavailable), like an adapter process that is running or not."""
+
+    up: bool = True
+
+    def fence(self, cluster_id: ClusterId, fence: Fence, now_ms: int) -> None:
+        if not self.up:
+            raise Unavailable(f"{cluster_id} unreachable")
+
+
+def serving_rig(ids: Sequence[str], source: FleetSource, *, adapter_up: bool | None = None,
+                authority: Callable[[int], int | None] = lambda now_ms: EPOCH) -> tuple[Rig, ControlLoop]:
+    """Ready instances ``ids`` on c1 (warmed at T0 - 30 s); a loop over ``source``; with
+    ``adapter_up`` set, an adapter that takes fences while that flag (``adapter.up``) says so."""
+    rg = rig(setup(min_replicas=len(ids)))
+    for iid in ids:
+        rg.commit(c.CreateInstance(InstanceId(iid), DeploymentId("chat"), ClusterId("c1"), T0 - 60_000),
+                  c.TransitionInstance(InstanceId(iid), E.START_WARMUP, T0 - 59_000),
+                  c.TransitionInstance(InstanceId(iid), E.WARMED, T0 - 30_000))
+    adapter = RecordingAdapter(rg.replicator) if adapter_up is None else ReachableAdapter(rg.replicator, up=adapter_up)
+    loop = ControlLoop(rg.replicator, adapter, source, rng=random.Random(5), authority=authority)
+    rg.adapter = adapter
+    return rg, loop
+
+
+def run_ticks(loop: ControlLoop, start_ms: int, end_ms: int) -> None:
+    for now in range(start_ms, end_ms + 1, TICK_MS):
+        loop.tick(now)
+
+
+LOST_MS = r.UNREPORTED_LOST_MS
+
+
+def test_a_serving_instance_its_adapter_stops_naming_is_lost_after_the_bound_and_replaced() -> None:
+    source = FleetSource({"r1", "r2"})
+    rg, loop = serving_rig(["r1", "r2"], source)
+    run_ticks(loop, T0, T0 + 5_000)
+    source.alive.discard("r1")  # r1's engine died with nobody to report it; r2's batches keep coming
+    gone_at = T0 + 5_000  # the last batch that named r1
+    with capture_logs() as logs:
+        run_ticks(loop, gone_at + TICK_MS, gone_at + LOST_MS)
+        assert rg.state.instances[InstanceId("r1")].state is S.READY  # not before the bound
+        assert logs == []
+        loop.tick(gone_at + LOST_MS + TICK_MS)
+    assert InstanceId("r1") not in rg.state.instances  # Failed, GPUs released
+    lost = [t for t in rg.transitions if t.instance_id == "r1"][-1]
+    assert (lost.from_state, lost.to_state, lost.event, lost.at_ms) == (S.READY, S.FAILED, E.LOST, gone_at + LOST_MS + TICK_MS)
+    assert rg.state.breakers[r.cluster_key("c1")].failures == 1  # as a ``lost`` report would
+    (event,) = [e for e in logs if e["event"] == "instance_unreported"]
+    assert event["instance"] == "r1" and event["unreported_ms"] == LOST_MS + TICK_MS
+    assert event["reason"].startswith(f"no longer reported by its adapter for {LOST_MS + TICK_MS} ms")
+    # The plan of the same tick replaces it (min_replicas 2); r2 was never in doubt.
+    assert [a for a, _, _ in rg.adapter.actions()] == ["create"]
+    assert rg.state.instances[InstanceId("r2")].state is S.READY
+
+
+def test_a_sample_before_the_bound_resets_the_unreported_clock() -> None:
+    source = FleetSource({"r1", "r2"})
+    rg, loop = serving_rig(["r1", "r2"], source)
+    t = T0
+    for _ in range(3):  # three gaps just under the bound, each ended by one batch naming r1
+        source.alive.discard("r1")
+        run_ticks(loop, t, t + LOST_MS - TICK_MS)
+        t += LOST_MS
+        source.alive.add("r1")
+        loop.tick(t)
+        t += TICK_MS
+    assert rg.state.instances[InstanceId("r1")].state is S.READY
+    assert [x for x in rg.transitions if x.event is E.LOST] == []
+
+
+def test_instances_of_a_silent_or_unreachable_adapter_are_never_declared_lost_and_its_return_restarts_the_clock() -> None:
+    connected = {"c1": False}
+    source = FleetSource(set(), connected)  # the adapter process is down: no batches, no fences
+    rg, loop = serving_rig(["r1", "r2"], source, adapter_up=False)
+    run_ticks(loop, T0, T0 + 60_000)
+    assert {i.state for i in rg.state.instances.values()} == {S.READY}  # a partition is not a death
+    # The adapter is back (restarted: its engines died with it) and delivers empty batches.
+    assert isinstance(rg.adapter, ReachableAdapter)
+    rg.adapter.up, connected["c1"] = True, True
+    back = T0 + 60_000 + TICK_MS
+    run_ticks(loop, back, back + LOST_MS)
+    assert {i.state for i in rg.state.instances.values()} == {S.READY}  # the clock started at its return
+    loop.tick(back + LOST_MS + TICK_MS)
+    assert not ({InstanceId("r1"), InstanceId("r2")} & set(rg.state.instances))
+    assert [(t.instance_id, t.event) for t in rg.transitions if t.event is E.LOST] == [("r1", E.LOST), ("r2", E.LOST)]
+
+
+def test_an_answering_adapter_without_an_open_stream_or_a_source_without_stream_state_is_not_delivering() -> None:
+    for connected in ({"c1": False}, None):  # fences answered, but no stream / no way to know
+        rg, loop = serving_rig(["r1"], FleetSource(set(), connected), adapter_up=True)
+        run_ticks(loop, T0, T0 + 3 * LOST_MS)
+        assert rg.state.instances[InstanceId("r1")].state is S.READY
+
+
+def test_empty_batches_from_a_backend_that_cannot_observe_never_declare_instances_lost() -> None:
+    # The Kubernetes API is down: the adapter answers fences, its stream is up, and every batch is
+    # empty but marked observe_failed. Its instances may be serving fine: nothing is declared lost.
+    failing = {"c1": True}
+    rg, loop = serving_rig(["r1", "r2"], FleetSource(set(), {"c1": True}, failing), adapter_up=True)
+    run_ticks(loop, T0, T0 + 3 * LOST_MS)
+    assert {i.state for i in rg.state.instances.values()} == {S.READY}
+    failing["c1"] = False  # observing again, and the cluster really is empty now
+    back = T0 + 3 * LOST_MS + TICK_MS
+    run_ticks(loop, back, back + LOST_MS + TICK_MS)
+    assert [(t.instance_id, t.event) for t in rg.transitions if t.event is E.LOST] == [("r1", E.LOST), ("r2", E.LOST)]
+
+
+def test_a_new_holder_starts_its_unreported_clocks_at_its_own_first_batch() -> None:
+    epoch = {"now": EPOCH}
+    source = FleetSource({"r1", "r2"})
+    rg, loop = serving_rig(["r1", "r2"], source, authority=lambda now_ms: epoch["now"])
+    run_ticks(loop, T0, T0 + 1_000)
+    source.alive.discard("r1")
+    run_ticks(loop, T0 + 1_250, T0 + 9_000)  # unnamed for 8 s under epoch 7
+    epoch["now"] = EPOCH + 1  # this node lost the lease and won it again: a new term, fresh clocks
+    run_ticks(loop, T0 + 9_250, T0 + 9_250 + LOST_MS)
+    assert rg.state.instances[InstanceId("r1")].state is S.READY  # not lost at 10 s since its last batch
+    loop.tick(T0 + 9_250 + LOST_MS + TICK_MS)
+    assert InstanceId("r1") not in rg.state.instances  # 10 s after the new term's first batch
+    # A brand-new holder (another coordinator's loop) likewise waits the bound from its first tick.
+    source2 = FleetSource({"r2"})
+    rg2, loop2 = serving_rig(["r1", "r2"], source2)
+    run_ticks(loop2, T0, T0 + LOST_MS)
+    assert rg2.state.instances[InstanceId("r1")].state is S.READY
+    loop2.tick(T0 + LOST_MS + TICK_MS)
+    assert InstanceId("r1") not in rg2.state.instances
+
+
+def test_standby_and_warming_instances_are_not_declared_lost_for_being_unsampled() -> None:
+    source = FleetSource({"r1"})
+    rg, loop = serving_rig(["r1"], source)
+    rg.commit(c.CreateInstance(InstanceId("w1"), DeploymentId("chat"), ClusterId("c1"), T0),
+              c.TransitionInstance(InstanceId("w1"), E.START_WARMUP, T0 + 1),
+              c.CreateInstance(InstanceId("s1"), DeploymentId("chat"), ClusterId("c1"), T0 - 60_000),
+              c.TransitionInstance(InstanceId("s1"), E.START_WARMUP, T0 - 59_000),
+              c.TransitionInstance(InstanceId("s1"), E.WARMED, T0 - 58_000),
+              c.TransitionInstance(InstanceId("s1"), E.SLEEP, T0 - 57_000))
+    rg.commit(chat(2, warm_pool=1))  # r1 and w1 wanted, s1 kept asleep
+    run_ticks(loop, T0, T0 + 3 * LOST_MS)
+    assert rg.state.instances[InstanceId("w1")].state is S.WARMING
+    assert rg.state.instances[InstanceId("s1")].state is S.STANDBY
+    assert [t for t in rg.transitions if t.event is E.LOST] == []

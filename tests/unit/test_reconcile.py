@@ -565,6 +565,102 @@ def test_a_report_with_an_unknown_event_is_ignored() -> None:
     assert facts(state, obs) == (move("warming", E.WARMED, T0),)
 
 
+# --- instances no longer reported by a delivering adapter -----------------------------------------
+
+LOST_MS, FRESH_MS = CFG.unreported_lost_ms, CFG.adapter_fresh_ms
+
+
+def every_state() -> ControlState:
+    """One instance in each non-terminal state on c1 (created a minute ago), a Ready one on c2."""
+    state = build(cluster("c1", "z1", 8), cluster("c2", "z2"), tenant(), deployment(min_replicas=2), desired("chat", 4))
+    for st in (S.PENDING, S.WARMING, S.READY, S.BUSY, S.STANDBY, S.DRAINING):
+        add(state, st.value.lower(), "c1", st)
+    add(state, "ready2", "c2")
+    return state
+
+
+def delivering(*cids: str, since_ms: int = T0 - 60_000, last_ms: int = T0) -> dict[ClusterId, r.Delivery]:
+    return {ClusterId(cid): r.Delivery(since_ms, last_ms) for cid in cids}
+
+
+def unreported_facts(state: ControlState, seen: Mapping[str, int], delivery: Mapping[ClusterId, r.Delivery],
+                     now_ms: int = T0, obs: Observations | None = None) -> tuple[c.Command, ...]:
+    return r.facts(state, obs or Observations(now_ms), (), now_ms, CFG, random.Random(7),
+                   seen={InstanceId(k): v for k, v in seen.items()}, delivery=delivery)
+
+
+def test_a_serving_instance_its_delivering_adapter_stopped_naming_is_lost_after_the_bound_not_before() -> None:
+    assert (LOST_MS, FRESH_MS) == (r.UNREPORTED_LOST_MS, r.ADAPTER_FRESH_MS) == (10_000, 2_000)
+    state = every_state()
+    # Ready last named exactly LOST_MS ago (not yet), Busy 1 ms longer (lost); c2's Ready just now.
+    seen = {"ready": T0 - LOST_MS, "busy": T0 - LOST_MS - 1, "ready2": T0}
+    got = unreported_facts(state, seen, delivering("c1", "c2"))
+    rec = r.facts(state, Observations(T0, reports=(report("busy", E.LOST, T0),)), (), T0, CFG, random.Random(7))
+    assert got == rec  # exactly what a ``lost`` report at the same moment does: Failed + cluster breaker
+    assert got[0] == move("busy", E.LOST, T0)
+    assert [type(x) for x in got] == [c.TransitionInstance, c.PutBreaker]
+    assert [(i.id, ms) for i, ms in r.unreported(state, {InstanceId(k): v for k, v in seen.items()},
+                                                  delivering("c1", "c2"), T0, CFG)] == [("busy", LOST_MS + 1)]
+    # One millisecond later the Ready one goes too; nothing else ever does (see below).
+    got = unreported_facts(state, seen, delivering("c1", "c2", last_ms=T0 + 1), now_ms=T0 + 1)
+    assert of_type(got, c.TransitionInstance) == [move("ready", E.LOST, T0 + 1), move("busy", E.LOST, T0 + 1)]
+    commit(state, got)
+    assert "ready" not in state.instances and "busy" not in state.instances  # Failed: GPUs released
+    assert state.instances[InstanceId("ready2")].state is S.READY
+
+
+def test_standby_warming_pending_and_draining_instances_are_never_declared_unreported() -> None:
+    state = every_state()
+    # Nothing named for a minute on a delivering c1: only the serving ones are lost; the others have
+    # their own timeouts (Pending 120 s, warm-up 600 s, drain deadline) or are never sampled (Standby).
+    got = unreported_facts(state, {}, delivering("c1", "c2"), now_ms=T0)
+    lost = [x.instance_id for x in of_type(got, c.TransitionInstance)]
+    assert lost == ["ready", "busy", "ready2"]
+
+
+def test_an_adapter_that_is_silent_or_unreachable_declares_nothing_lost() -> None:
+    state = every_state()
+    stale = {"ready": T0 - 60_000, "busy": T0 - 60_000, "ready2": T0 - 60_000}
+    assert unreported_facts(state, stale, {}) == ()  # no batch from any cluster: all unreachable
+    # c1's latest batch is older than the freshness window: a partition, not a death.
+    assert unreported_facts(state, stale, delivering("c1", last_ms=T0 - FRESH_MS - 1)) == ()
+    # At the edge of the window c1 still counts as delivering; c2 (no entry) stays untouched.
+    got = unreported_facts(state, stale, delivering("c1", last_ms=T0 - FRESH_MS))
+    assert [x.instance_id for x in of_type(got, c.TransitionInstance)] == ["ready", "busy"]
+    # Without the inputs (callers that do not track batches) nothing is declared lost this way.
+    assert facts(state, Observations(T0)) == ()
+
+
+def test_the_unreported_clock_starts_at_the_current_run_of_batches_so_a_failover_declares_nothing_at_once() -> None:
+    state = every_state()
+    old = {"ready": T0 - 60_000, "busy": T0 - 60_000, "ready2": T0 - 60_000}
+    # A new holder (or an adapter back after a restart or a partition): its run of batches started
+    # 5 s ago: nobody is lost yet, however old the last sighting.
+    assert unreported_facts(state, old, delivering("c1", "c2", since_ms=T0 - 5_000)) == ()
+    assert unreported_facts(state, {}, delivering("c1", "c2", since_ms=T0 - LOST_MS)) == ()
+    # Still unnamed LOST_MS after the run began: lost.
+    got = unreported_facts(state, {}, delivering("c1", "c2", since_ms=T0 - LOST_MS - 1))
+    assert [x.instance_id for x in of_type(got, c.TransitionInstance)] == ["ready", "busy", "ready2"]
+
+
+def test_an_instance_that_entered_its_state_recently_is_not_yet_unreported() -> None:
+    state = every_state()
+    commit(state, [move("warming", E.WARMED, T0 - 3_000)])  # e.g. a report replayed by a new holder
+    got = unreported_facts(state, {"ready": T0, "busy": T0, "ready2": T0}, delivering("c1", "c2"))
+    assert got == ()
+    got = unreported_facts(state, {"ready": T0 + 8_000, "busy": T0 + 8_000, "ready2": T0 + 8_000},
+                           delivering("c1", "c2", last_ms=T0 + 8_000), now_ms=T0 + 8_000)
+    assert of_type(got, c.TransitionInstance) == [move("warming", E.LOST, T0 + 8_000)]
+
+
+def test_a_report_of_the_same_tick_wins_over_the_unreported_rule() -> None:
+    state = every_state()
+    obs = Observations(T0, reports=(report("busy", E.DRAIN, T0 - 5),  # left Busy this tick: no longer serving
+                                    report("ready", E.LOST, T0 - 7)))  # reported lost: once, at its time
+    got = unreported_facts(state, {"ready2": T0}, delivering("c1", "c2"), obs=obs)
+    assert of_type(got, c.TransitionInstance) == [move("busy", E.DRAIN, T0 - 5), move("ready", E.LOST, T0 - 7)]
+
+
 # --- breakers -------------------------------------------------------------------------------------
 
 

@@ -137,7 +137,7 @@ class GatewayQueue(_message.Message):
     def __init__(self, deployment_id: _Optional[str] = ..., waiting: _Optional[int] = ...) -> None: ...
 
 class ObservationBatch(_message.Message):
-    __slots__ = ("cluster_id", "seq", "at_ms", "samples", "reports", "gateway", "stream_id")
+    __slots__ = ("cluster_id", "seq", "at_ms", "samples", "reports", "gateway", "stream_id", "observe_failed")
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     AT_MS_FIELD_NUMBER: _ClassVar[int]
@@ -145,6 +145,7 @@ class ObservationBatch(_message.Message):
     REPORTS_FIELD_NUMBER: _ClassVar[int]
     GATEWAY_FIELD_NUMBER: _ClassVar[int]
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    OBSERVE_FAILED_FIELD_NUMBER: _ClassVar[int]
     cluster_id: str
     seq: int
     at_ms: int
@@ -152,7 +153,8 @@ class ObservationBatch(_message.Message):
     reports: _containers.RepeatedCompositeFieldContainer[InstanceReport]
     gateway: _containers.RepeatedCompositeFieldContainer[GatewayQueue]
     stream_id: str
-    def __init__(self, cluster_id: _Optional[str] = ..., seq: _Optional[int] = ..., at_ms: _Optional[int] = ..., samples: _Optional[_Iterable[_Union[InstanceSample, _Mapping]]] = ..., reports: _Optional[_Iterable[_Union[InstanceReport, _Mapping]]] = ..., gateway: _Optional[_Iterable[_Union[GatewayQueue, _Mapping]]] = ..., stream_id: _Optional[str] = ...) -> None: ...
+    observe_failed: bool
+    def __init__(self, cluster_id: _Optional[str] = ..., seq: _Optional[int] = ..., at_ms: _Optional[int] = ..., samples: _Optional[_Iterable[_Union[InstanceSample, _Mapping]]] = ..., reports: _Optional[_Iterable[_Union[InstanceReport, _Mapping]]] = ..., gateway: _Optional[_Iterable[_Union[GatewayQueue, _Mapping]]] = ..., stream_id: _Optional[str] = ..., observe_failed: _Optional[bool] = ...) -> None: ...
 
 class ObserveRequest(_message.Message):
     __slots__ = ("cluster_id", "after_seq", "stream_id")
