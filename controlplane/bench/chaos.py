@@ -8,7 +8,8 @@ coordinators, 2 simulated adapters, a client writing through the API). Every fai
 Writes ``--out``/results.json (every run, every fault, the totals), report.md and recovery.png
 (recovery time per fault by kind). ``--json`` prints the totals: ``runs``,
 ``stale_commands_accepted``, ``lost_writes``, ``illegal_transitions``, ``lease_overlaps``,
-``convergence_failures``, ``recovery_ms`` (p50/p99/max/n, and per fault kind), ``faults``
+``isolation_violations`` (tenant isolation probed under the faults: ``controlplane/chaos/isolation.py``),
+``isolation_probes``, ``convergence_failures``, ``recovery_ms`` (p50/p99/max/n, and per fault kind), ``faults``
 (injected, by kind). Exit status 0 when no safety property was violated (convergence failures are
 reported, and make the status 1 too).
 """
@@ -58,6 +59,8 @@ def summarize(runs: list[Any], counts: dict[str, int], min_gap_ms: float | None,
         "lost_writes": counts.get("lost_write", 0),
         "illegal_transitions": counts.get("transition", 0),
         "lease_overlaps": counts.get("lease", 0),
+        "isolation_violations": counts.get("isolation", 0),
+        "isolation_probes": sum(getattr(r, "isolation_probes", 0) for r in runs),
         "harness_errors": counts.get("harness", 0),
         "convergence_failures": counts.get("convergence", 0),
         "min_lease_gap_ms": None if min_gap_ms is None else round(min_gap_ms, 1),
@@ -91,6 +94,8 @@ def render_markdown(summary: dict[str, Any]) -> str:
         f"| acknowledged writes lost | {summary['lost_writes']} |",
         f"| illegal transitions | {summary['illegal_transitions']} |",
         f"| overlapping lease validity intervals | {summary['lease_overlaps']} |",
+        (f"| tenant isolation violations (bravo probing alpha, every method) | "
+         f"{summary.get('isolation_violations', 0)} ({summary.get('isolation_probes', 0)} probes) |"),
         f"| convergence failures | {summary['convergence_failures']} |",
         f"| runs stopped by a harness error | {summary['harness_errors']} |",
         f"| smallest gap between validity intervals of consecutive epochs | {summary['min_lease_gap_ms']} ms |",
@@ -199,9 +204,10 @@ def run_bench(runs: int, seed: int, out: Path, *, nodes: int = 3, faults: int = 
                             wall_s=time.monotonic() - t0, writes=writes)
         summary["nodes"] = nodes
         summary["evidence"] = harness.evidence()
+        summary["isolation_answers"] = {m: dict(sorted(v.items())) for m, v in sorted(harness.isolation.answers.items())}
         detail = {"summary": summary, "runs": [
             {"run": r.run, "seed": r.seed, "schedule": r.schedule, "duration_s": round(r.duration_s, 2),
-             "violations": r.violations, "convergence": r.convergence,
+             "violations": r.violations, "convergence": r.convergence, "isolation_probes": r.isolation_probes,
              "faults": [{"kind": f.kind, "target": f.target, "detail": f.detail,
                          "recovery_ms": None if f.recovery_ms is None else round(f.recovery_ms, 1),
                          "outage_ms": None if f.outage_ms is None else round(f.outage_ms, 1)} for f in r.faults]}
@@ -237,9 +243,11 @@ def run_cli(runs: int, seed: int, out: str, as_json: bool, *, nodes: int = 3, fa
     else:
         print(render_markdown(summary))
     ev = summary.get("evidence", {})
-    if not all(ev.get(k) for k in ("fencing_verdicts_accepted", "lease_intervals", "transitions")):
+    if not all(ev.get(k) for k in ("fencing_verdicts_accepted", "lease_intervals", "transitions",
+                                   "isolation_probes", "isolation_pairs_compared")):
         print(f"controlplane: bench chaos: the history is missing evidence: {summary.get('evidence')}", file=sys.stderr)
         return 1
     bad = (summary["stale_commands_accepted"] + summary["lost_writes"] + summary["illegal_transitions"]
-           + summary["lease_overlaps"] + summary["convergence_failures"] + summary["harness_errors"])
+           + summary["lease_overlaps"] + summary["isolation_violations"] + summary["convergence_failures"]
+           + summary["harness_errors"])
     return 0 if bad == 0 else 1

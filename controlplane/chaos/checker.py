@@ -26,10 +26,23 @@ Properties (each checker returns :class:`Violation` values; an empty list means 
   coordinator's feed covered both revisions without a gap; nothing follows a terminal state; and
   every replica derived the same event for the same revision.
 * **No lost writes** (:func:`lost_writes`): every acknowledged write is present on every node.
+* **Tenant isolation** (:class:`IsolationChecker`): the tenant ``bravo`` calls every API method
+  against ``alpha``'s objects and against objects that do not exist (``isolation.py`` records the
+  probes); alpha's objects must answer exactly like missing ones. A probe is a violation when either
+  answer is UNKNOWN or INTERNAL; an answer holds alpha's names (a reply to a request that did not
+  name alpha, or a successful reply to one that did); a mutation naming alpha's objects (or any
+  admin-only method) succeeds; an admin-only method answers anything but PERMISSION_DENIED; the
+  status code about alpha's object differs from the one about the missing object, or the two give
+  the same refusal in other words (error texts compared with the names asked about and all numbers
+  blanked; successful replies are compared by code only, as they carry live fields such as a
+  node's role). After settling, alpha's objects must be unchanged on every node (the runner). Pairs where
+  either side is UNAVAILABLE or DEADLINE_EXCEEDED (a node failing over, paused, killed, cut off) are
+  not compared (counted as ``skipped``); the other rules still apply to the side that answered.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -47,7 +60,7 @@ Record = Mapping[str, Any]
 @dataclass(frozen=True)
 class Violation:
     prop: str
-    """``stale``, ``lease``, ``transition``, ``lost_write`` or ``convergence``."""
+    """``stale``, ``lease``, ``transition``, ``lost_write``, ``convergence`` or ``isolation``."""
     detail: str
 
     def __str__(self) -> str:
@@ -256,3 +269,95 @@ def converged(expected: int, desired_by_node: Mapping[str, int | None], serving:
         return None
     return Violation("convergence", f"expected {expected} replicas: desired by node {dict(desired_by_node)}, "
                                     f"serving at the adapters {serving}")
+
+
+# --- tenant isolation ----------------------------------------------------------------------------
+
+ISO_ALPHA, ISO_ALPHA_DEP = "alpha-secret", "alpha-dep-secret"
+"""The tenant whose objects bravo aims at, and its deployment (distinctive names: they must never
+appear in an answer to bravo except echoed back in an error about a request that named them)."""
+ISO_BRAVO, ISO_BRAVO_DEP = "bravo", "bravo-dep"
+ISO_GHOST, ISO_GHOST_DEP = "ghost-secret", "ghost-dep-secret"
+"""A tenant and a deployment that never exist: what bravo gets for alpha's must be what it gets for these."""
+ADMIN_ONLY = frozenset({
+    "CreateTenant", "UpdateTenant", "DeleteTenant", "CreateToken", "ListTokens", "RevokeToken", "AddMember",
+    "RemoveMember", "RegisterCluster", "GetCluster", "ListClusters", "DeleteCluster", "CordonCluster",
+    "DrainCluster", "RegisterZone", "GetZone", "ListZones", "DeleteZone", "CordonZone", "DrainZone"})
+MUTATING = frozenset({
+    "CreateTenant", "UpdateTenant", "DeleteTenant", "ApplyDeployment", "DeleteDeployment", "RegisterCluster",
+    "DeleteCluster", "CordonCluster", "DrainCluster", "RegisterZone", "DeleteZone", "CordonZone", "DrainZone",
+    "CreateToken", "RevokeToken", "AddMember", "RemoveMember"})
+"""Methods that change state: bravo's call naming alpha's objects must never succeed."""
+FAILOVER_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED"})
+"""What a node without a leader (or paused, killed, cut off) may answer instead: not compared."""
+BROKEN_CODES = frozenset({"UNKNOWN", "INTERNAL"})
+
+
+def normal(text: str, tenant: str, dep: str) -> str:
+    """An error text with the names asked about replaced and numbers (revisions, indexes) blanked."""
+    return re.sub(r"\d+", "N", text.replace(dep, "<DEP>").replace(tenant, "<TENANT>"))
+
+
+@dataclass
+class IsolationChecker:
+    """Tenant isolation from the prober's records (:class:`~controlplane.chaos.history.Probe`)."""
+
+    alpha_names: tuple[str, ...] = (ISO_ALPHA, ISO_ALPHA_DEP)
+    probes: int = 0
+    compared: int = 0
+    skipped: int = 0
+    answered_ok: int = 0
+    """Probes where bravo got a real answer (OK) about its own view: the prober was not only refused."""
+    methods: set[str] = field(default_factory=set)
+    answers: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Per method, how often bravo's request naming alpha got each status code (the evidence)."""
+    violations: list[Violation] = field(default_factory=list)
+
+    def _leaks(self, text: str) -> list[str]:
+        return [n for n in self.alpha_names if n in text]
+
+    def feed(self, probes: Iterable[Any]) -> list[Violation]:
+        """Check ``probes``; returns the new violations (also kept in :attr:`violations`)."""
+        new: list[Violation] = []
+        for p in probes:
+            self.probes += 1
+            self.methods.add(f"{p.service}.{p.method}")
+            where = f"{p.service}.{p.method} on {p.endpoint} (t={p.t:.3f})"
+            a_code, a_text = p.alpha
+            tally = self.answers.setdefault(f"{p.service}.{p.method}" + ("" if p.ghost is not None else " (neutral)"), {})
+            tally[a_code] = tally.get(a_code, 0) + 1
+            sides = [("alpha", a_code, a_text)] + ([("ghost", *p.ghost)] if p.ghost is not None else [])
+            for side, code, text in sides:
+                if code in BROKEN_CODES:
+                    new.append(Violation("isolation", f"{where}: {side} request answered {code}: {text[:200]}"))
+                if p.method in ADMIN_ONLY and code not in FAILOVER_CODES and code != "PERMISSION_DENIED":
+                    new.append(Violation("isolation", f"{where}: admin-only method answered bravo's {side} request "
+                                                      f"{code} (expected PERMISSION_DENIED): {text[:200]}"))
+                # a request naming alpha may get its names echoed in an error; nothing else may hold them
+                leaked = self._leaks(text) if (side != "alpha" or p.ghost is None or code == "OK") else []
+                if leaked:
+                    new.append(Violation("isolation", f"{where}: the answer to bravo's {side} request holds alpha's "
+                                                      f"{leaked}: {code}: {text[:300]}"))
+            if a_code == "OK":
+                self.answered_ok += 1
+                if p.method in MUTATING and p.ghost is not None:
+                    new.append(Violation("isolation", f"{where}: bravo's mutation of alpha's object succeeded: "
+                                                      f"{a_text[:200]}"))
+            if p.ghost is None:
+                continue
+            g_code, g_text = p.ghost
+            if a_code in FAILOVER_CODES or g_code in FAILOVER_CODES:
+                self.skipped += 1
+                continue
+            self.compared += 1
+            if a_code != g_code:
+                new.append(Violation("isolation", f"{where}: alpha's objects answer {a_code} but objects that do not "
+                                                  f"exist answer {g_code}: alpha: {a_text[:200]!r}; "
+                                                  f"ghost: {g_text[:200]!r}"))
+            elif a_code != "OK" and (normal(a_text, ISO_ALPHA, ISO_ALPHA_DEP)
+                                     != normal(g_text, ISO_GHOST, ISO_GHOST_DEP)):
+                # same refusal, other words ("exists but is not yours" vs "not found"): it tells
+                new.append(Violation("isolation", f"{where}: the same {a_code} in other words: alpha: "
+                                                  f"{a_text[:200]!r}; ghost: {g_text[:200]!r}"))
+        self.violations += new
+        return new

@@ -95,3 +95,38 @@ class Writes:
     def names(self) -> list[str]:
         with self._lock:
             return [n for _, n in self.acked]
+
+
+@dataclass
+class Probe:
+    """One isolation probe of the prober (``isolation.py``): the same method called by the tenant
+    ``bravo`` once naming ``alpha``'s objects and once naming objects that do not exist, on the same
+    coordinator, one right after the other. ``alpha``/``ghost`` are ``(status code name, reply text or
+    error details)``; ``ghost`` is None for a *neutral* probe (a request that names nothing, e.g. an
+    unfiltered watch: only its answer is checked for alpha's data)."""
+
+    t: float
+    endpoint: str
+    service: str
+    method: str
+    alpha: tuple[str, str]
+    ghost: tuple[str, str] | None
+
+
+@dataclass
+class Probes:
+    """The prober's record, drained by the checker (each probe is checked once, then dropped: replies
+    such as a watch replayed from revision 0 are not kept for the whole bench)."""
+
+    items: list[Probe] = field(default_factory=list)
+    rounds: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, probe: Probe) -> None:
+        with self._lock:
+            self.items.append(probe)
+
+    def drain(self) -> list[Probe]:
+        with self._lock:
+            out, self.items = self.items, []
+        return out

@@ -19,7 +19,10 @@ the same schedule):
 4. check the new history (checker.py).
 
 Throughout, a client creates one tenant every ~0.1 s on a random coordinator (any coordinator
-accepts writes); what was acknowledged must survive everything.
+accepts writes); what was acknowledged must survive everything. And a prober (``isolation.py``)
+calls every API method as the tenant ``bravo`` against the tenant ``alpha``'s objects and against
+missing ones, about one round of every method a second; after settling, alpha's objects must be
+unchanged on every node.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controlplane.chaos import checker
+from controlplane.chaos import checker, isolation
 from controlplane.chaos.cluster import (
     DEPLOYMENT,
     MAX_REPLICAS,
@@ -124,6 +127,7 @@ class RunResult:
     convergence: str | None = None
     duration_s: float = 0.0
     acked_writes: int = 0
+    isolation_probes: int = 0
 
     @property
     def ok(self) -> bool:
@@ -138,6 +142,9 @@ class Harness:
         self.log = log
         self.cluster: ChaosCluster | None = None
         self.client: Client | None = None
+        self.prober: isolation.Prober | None = None
+        self.isolation = checker.IsolationChecker()
+        self.alpha_before: tuple[str, str] | None = None
         self.readers: dict[str, JournalReader] = {}
         self.stale = checker.StaleChecker()
         self.lease = checker.LeaseChecker()
@@ -145,7 +152,9 @@ class Harness:
         self.reported: set[str] = set()
         self.min_gap_ms: float | None = None
         self.lost_names: set[str] = set()
-        self.counts = {"stale": 0, "lost_write": 0, "transition": 0, "lease": 0, "convergence": 0}
+        self._last_probes = 0
+        self.counts = {"stale": 0, "lost_write": 0, "transition": 0, "lease": 0, "convergence": 0,
+                       "isolation": 0}
 
     # --- lifecycle ----------------------------------------------------------------------------------
     def start(self, seed: int) -> None:
@@ -159,12 +168,39 @@ class Harness:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if c.holder() is not None and self.client.writes.acked:
-                return
+                break
             time.sleep(0.2)
-        raise ChaosError(f"no lease holder and no acknowledged write within {START_TIMEOUT_S:.0f}s "
-                         f"(logs under {self.root / 'chaos'})")
+        else:
+            raise ChaosError(f"no lease holder and no acknowledged write within {START_TIMEOUT_S:.0f}s "
+                             f"(logs under {self.root / 'chaos'})")
+        self._start_prober(seed, deadline)
+
+    def _start_prober(self, seed: int, deadline: float) -> None:
+        """Tenants alpha and bravo, bravo's token, alpha's objects on every node; then the prober."""
+        c = self.cluster
+        assert c is not None
+        try:
+            bravo = isolation.set_up(c.endpoints, c.token, timeout_s=max(10.0, deadline - time.monotonic()))
+        except TimeoutError as exc:
+            raise ChaosError(str(exc)) from None
+        names = {checker.ISO_ALPHA, checker.ISO_BRAVO}
+        while time.monotonic() < deadline + 10.0:
+            answers = {s for s in isolation.alpha_specs(c.endpoints, c.token).values() if s is not None}
+            if (len(answers) == 1 and not next(iter(answers))[0].startswith("error ")
+                    and all(names <= set(c.tenants(p)[1]) for p in c.coords)):
+                self.alpha_before = answers.pop()
+                break
+            time.sleep(0.2)
+        else:
+            raise ChaosError("isolation set-up: tenants alpha and bravo not on every node, or alpha's objects "
+                             "answered differently by the nodes")
+        self.prober = isolation.Prober(c.endpoints, bravo, seed)
+        self.prober.start()
 
     def close(self) -> None:
+        if self.prober is not None:
+            self.prober.stopped.set()
+            self.prober.join(5.0)
         if self.client is not None:
             self.client.stopped.set()
             self.client.join(5.0)
@@ -206,6 +242,7 @@ class Harness:
         if violation is not None:
             result.convergence = str(violation)
         result.violations = self._check(violation)
+        result.isolation_probes = self._last_probes
         result.duration_s = time.monotonic() - t0
         return result
 
@@ -227,6 +264,7 @@ class Harness:
         violation = self._settle(sched)
         result.convergence = f"harness error: {error}" + (f"; {violation}" if violation else "")
         result.violations = self._check(violation)
+        result.isolation_probes = self._last_probes
         result.duration_s = time.monotonic() - t0
         return result
 
@@ -320,8 +358,28 @@ class Harness:
 
     def evidence(self) -> dict[str, int]:
         """How much the checker saw (a property checked over nothing proves nothing)."""
+        iso = self.isolation
         return {"fencing_verdicts_accepted": self.stale.accepted, "fencing_verdicts_rejected": self.stale.rejected,
-                "lease_intervals": len(self.lease.intervals), "transitions": len(self.transitions.events)}
+                "lease_intervals": len(self.lease.intervals), "transitions": len(self.transitions.events),
+                "isolation_probes": iso.probes, "isolation_pairs_compared": iso.compared,
+                "isolation_pairs_skipped_in_failover": iso.skipped, "isolation_answers_ok": iso.answered_ok,
+                "isolation_methods": len(iso.methods),
+                "isolation_rounds": self.prober.probes.rounds if self.prober is not None else 0}
+
+    def _check_isolation(self) -> tuple[list[checker.Violation], int]:
+        """The probes recorded since the last check; after settling, alpha's objects unchanged."""
+        c = self.cluster
+        assert c is not None
+        if self.prober is None:
+            return [], 0
+        probes = self.prober.probes.drain()
+        found = self.isolation.feed(probes)
+        for ep, now in isolation.alpha_specs(c.endpoints, c.token).items():
+            if now is not None and now != self.alpha_before:
+                v = checker.Violation("isolation", f"alpha's objects changed on {ep}: {self.alpha_before} -> {now}")
+                self.isolation.violations.append(v)
+                found.append(v)
+        return found, len(probes)
 
     def _check(self, convergence: checker.Violation | None) -> list[str]:
         c, client = self.cluster, self.client
@@ -337,6 +395,8 @@ class Harness:
         self.min_gap_ms = gap
         found += lease_v
         found += self.transitions.check()
+        iso_found, self._last_probes = self._check_isolation()
+        found += iso_found
         present = {p.name: set(c.tenants(p)[1]) for p in c.coords}
         names = client.writes.names()
         missing = {w for have in present.values() for w in names if w not in have} - self.lost_names

@@ -4,7 +4,7 @@ that violates it (a checker that cannot fail checks nothing). Pure: no processes
 from __future__ import annotations
 
 from controlplane.chaos import checker
-from controlplane.chaos.history import JournalReader, Writes
+from controlplane.chaos.history import JournalReader, Probe, Writes
 
 
 def admit(epoch: int, holder: str, ok: bool = True) -> dict:
@@ -157,3 +157,97 @@ def test_write_outage_is_the_longest_time_without_an_acknowledgement() -> None:
     w.acked = [(1.0, "a"), (1.2, "b"), (2.0, "c")]
     assert round(w.longest_gap_ms(1.0, 2.1)) == 800
     assert w.first_ack_after(1.1) == 1.2 and w.first_ack_after(2.5) is None
+
+
+# --- tenant isolation ----------------------------------------------------------------------------
+
+NF_A = ("NOT_FOUND", "tenant 'alpha-secret' not found")
+NF_G = ("NOT_FOUND", "tenant 'ghost-secret' not found")
+PD = ("PERMISSION_DENIED", "this method needs the admin role")
+
+
+def probe(method: str, alpha: tuple[str, str], ghost: tuple[str, str] | None, service: str = "Tenants") -> Probe:
+    return Probe(1.0, "127.0.0.1:1", service, method, alpha, ghost)
+
+
+def iso(*probes: Probe) -> list[checker.Violation]:
+    c = checker.IsolationChecker()
+    found = c.feed(probes)
+    assert c.probes == len(probes) and c.violations == found
+    return found
+
+
+def test_alpha_answering_like_a_missing_object_is_fine() -> None:
+    c = checker.IsolationChecker()
+    assert c.feed([
+        probe("GetTenant", NF_A, NF_G),
+        probe("UpdateTenant", PD, PD),
+        probe("ListTenants", ("OK", "items { metadata { name: \"bravo\" resource_version: 4 } }"),
+              ("OK", "items { metadata { name: \"bravo\" resource_version: 5 } }")),
+        probe("GetDeployment", ("NOT_FOUND", "deployment 'alpha-dep-secret' not found (revision 7)"),
+              ("NOT_FOUND", "deployment 'ghost-dep-secret' not found (revision 9)"), "Deployments"),
+        probe("Watch", ("OK", "type: BOOKMARK"), None, "Scaling"),
+    ]) == []
+    assert (c.compared, c.skipped, c.answered_ok) == (4, 0, 2)
+
+
+def test_failover_answers_are_not_compared_but_counted() -> None:
+    c = checker.IsolationChecker()
+    assert c.feed([probe("GetTenant", ("UNAVAILABLE", "no leader"), NF_G),
+                   probe("GetTenant", NF_A, ("DEADLINE_EXCEEDED", "")),
+                   probe("CreateTenant", ("UNAVAILABLE", "stopping"), PD)]) == []
+    assert (c.compared, c.skipped) == (0, 3)
+
+
+def test_a_different_code_for_alpha_than_for_a_missing_object_is_a_violation() -> None:
+    [v] = iso(probe("GetTenant", ("PERMISSION_DENIED", "not yours"), NF_G))
+    assert v.prop == "isolation" and "PERMISSION_DENIED" in v.detail and "NOT_FOUND" in v.detail
+
+
+def test_the_same_refusal_in_other_words_is_a_violation() -> None:
+    [v] = iso(probe("GetTenant", ("NOT_FOUND", "tenant 'alpha-secret' belongs to another tenant"), NF_G))
+    assert "other words" in v.detail
+
+
+def test_alpha_data_in_a_reply_is_a_violation() -> None:
+    leak = ("OK", "items { metadata { name: \"alpha-secret\" } } items { metadata { name: \"bravo\" } }")
+    found = iso(probe("ListTenants", leak, leak))
+    assert found and all("alpha-secret" in v.detail for v in found)
+    # an unfiltered watch showing alpha's deployment
+    [v] = iso(probe("Watch", ("OK", "object { name: \"alpha-dep-secret\" }"), None, "Scaling"))
+    assert "holds alpha's" in v.detail
+    # a successful read of alpha's object is a leak, even if the missing one "succeeds" too
+    assert iso(probe("GetTenant", ("OK", "metadata { name: \"alpha-secret\" }"), ("OK", "")))
+    # alpha's name in the answer about the missing object
+    assert iso(probe("GetTenant", NF_A, ("NOT_FOUND", "no 'ghost-secret' (did you mean 'alpha-secret'?)")))
+
+
+def test_alpha_name_echoed_in_an_error_about_alpha_is_fine() -> None:
+    assert iso(probe("GetTenant", NF_A, NF_G)) == []
+
+
+def test_a_successful_mutation_of_alpha_is_a_violation() -> None:
+    found = iso(probe("DeleteDeployment", ("OK", ""), ("OK", ""), "Deployments"))
+    assert [v.prop for v in found] == ["isolation"] and "mutation" in found[0].detail
+
+
+def test_admin_only_methods_must_be_refused_with_permission_denied() -> None:
+    found = iso(probe("ListClusters", ("OK", "items {}"), ("OK", "items {}"), "Clusters"))
+    assert any("admin-only" in v.detail for v in found)
+    assert iso(probe("CreateToken", ("NOT_FOUND", "x"), ("NOT_FOUND", "x"), "Tokens"))
+    assert iso(probe("CreateToken", ("UNAVAILABLE", "x"), PD, "Tokens")) == []
+
+
+def test_unknown_or_internal_is_a_violation_even_during_failover() -> None:
+    assert [v.prop for v in iso(probe("GetTenant", ("INTERNAL", "boom"), ("UNAVAILABLE", "")))] == ["isolation"]
+    assert len(iso(probe("GetTenant", ("UNKNOWN", "x"), ("UNKNOWN", "x")))) == 2
+    assert iso(probe("Watch", ("INTERNAL", "x"), None, "Scaling"))
+
+
+def test_the_request_table_covers_every_method() -> None:
+    from controlplane.chaos.isolation import every_method, probe_requests
+
+    methods = {m for _, m in every_method()}
+    assert len(methods) == 31 and set(probe_requests("a", "b")) == methods
+    assert {s for s, _ in every_method()} == {"Tenants", "Deployments", "Clusters", "Scaling", "Tokens", "Admin"}
+    assert checker.ADMIN_ONLY <= methods and checker.MUTATING <= methods

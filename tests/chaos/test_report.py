@@ -40,3 +40,21 @@ def test_percentile_edges() -> None:
 def test_the_plot_is_written(tmp_path: Path) -> None:
     write_plot(_runs(), tmp_path / "r.png")
     assert (tmp_path / "r.png").stat().st_size > 1000
+
+
+def test_isolation_counts_reach_the_totals_the_report_and_the_exit_status(monkeypatch, tmp_path: Path) -> None:
+    import controlplane.bench.chaos as bench
+
+    runs = _runs()
+    runs[0].isolation_probes, runs[1].isolation_probes = 66, 33
+    s = summarize(runs, {"isolation": 2}, None, seed=7, command="c", wall_s=1.0,
+                  writes={"acked": 1, "failed": 0, "unknown": 0})
+    assert s["isolation_violations"] == 2 and s["isolation_probes"] == 99
+    assert "| tenant isolation violations (bravo probing alpha, every method) | 2 (99 probes) |" in render_markdown(s)
+    ev = {"fencing_verdicts_accepted": 1, "lease_intervals": 1, "transitions": 1, "isolation_probes": 99,
+          "isolation_pairs_compared": 90}
+    clean = summarize(runs[:1], {}, None, seed=7, command="c", wall_s=1.0, writes={"acked": 1, "failed": 0, "unknown": 0})
+    for summary, rc in ((dict(s, evidence=ev), 1), (dict(clean, evidence=ev), 0),
+                        (dict(clean, evidence=dict(ev, isolation_probes=0)), 1)):
+        monkeypatch.setattr(bench, "run_bench", lambda *a, _s=summary, **k: _s)
+        assert bench.run_cli(1, 7, str(tmp_path), True) == rc

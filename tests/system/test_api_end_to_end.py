@@ -204,8 +204,9 @@ class Watch:
     """`tenantctl watch -o json` as a subprocess: its stdout lines (events) and stderr lines (notices)."""
 
     def __init__(self, g: Group, *argv: str) -> None:
+        # PYTHONFAULTHANDLER: if it ever ignores Ctrl-C, stop() aborts it and its stderr shows where it was
         self.proc = subprocess.Popen(TENANTCTL + list(argv) + ["watch", "-o", "json"], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, env=g.env())
+                                     stderr=subprocess.PIPE, text=True, env=g.env(PYTHONFAULTHANDLER="1"))
         self.events: list[dict] = []
         self.notices: list[str] = []
         self._lock = threading.Lock()
@@ -235,8 +236,12 @@ class Watch:
             try:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+                self.proc.send_signal(signal.SIGABRT)  # faulthandler prints every thread's stack first
+                try:
+                    self.proc.wait(5)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait(5)
         for t in self._threads:
             t.join(5)
 
