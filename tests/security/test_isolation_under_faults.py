@@ -23,7 +23,6 @@ test pins the ones a failover always goes through.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,9 @@ from typing import Any
 import grpc
 import pytest
 
-from controlplane.api.v1 import admin_pb2, api_pb2
+from controlplane.api.v1 import api_pb2
+from controlplane.chaos.checker import ADMIN_ONLY, normal
+from controlplane.chaos.isolation import probe_requests
 from controlplane.config import CoordinatorConfig
 from controlplane.coordinator import Coordinator
 from controlplane.tokens import new_token
@@ -45,51 +46,13 @@ ALPHA, ALPHA_DEP = "alpha-secret", "alpha-dep-secret"
 BRAVO, BRAVO_DEP = "bravo", "bravo-dep"
 GHOST, GHOST_DEP = "ghost-secret", "ghost-dep-secret"
 """A tenant and a deployment that do not exist: what bravo gets for alpha's must be what it gets for these."""
-ADMIN_ONLY = {"CreateTenant", "UpdateTenant", "DeleteTenant", "CreateToken", "ListTokens", "RevokeToken",
-              "AddMember", "RemoveMember", "RegisterCluster", "GetCluster", "ListClusters", "DeleteCluster",
-              "CordonCluster", "DrainCluster", "RegisterZone", "GetZone", "ListZones", "DeleteZone", "CordonZone",
-              "DrainZone"}
 DURING_FAILOVER = {S.UNAVAILABLE, S.DEADLINE_EXCEEDED}
 """What a node without a leader (or stopping) may answer instead."""
 
 
-def aimed_at(ALPHA: str, ALPHA_DEP: str) -> dict[str, Any]:
-    """One request per method, naming the given tenant's objects wherever the method takes a name."""
-    get = api_pb2.GetRequest(name=ALPHA_DEP)
-    return {
-        "CreateTenant": api_pb2.CreateTenantRequest(tenant=tenant_msg(ALPHA)),
-        "GetTenant": api_pb2.GetRequest(name=ALPHA),
-        "ListTenants": api_pb2.ListRequest(),
-        "UpdateTenant": api_pb2.UpdateTenantRequest(tenant=tenant_msg(ALPHA, 9)),
-        "DeleteTenant": api_pb2.DeleteRequest(name=ALPHA),
-        "ApplyDeployment": api_pb2.ApplyDeploymentRequest(deployment=deployment_msg(ALPHA_DEP, ALPHA)),
-        "GetDeployment": get,
-        "ListDeployments": api_pb2.ListRequest(tenant=ALPHA),
-        "DeleteDeployment": api_pb2.DeleteRequest(name=ALPHA_DEP),
-        "RegisterCluster": api_pb2.RegisterClusterRequest(cluster=api_pb2.Cluster(
-            metadata=api_pb2.ObjectMeta(name="c9"), spec=api_pb2.ClusterSpec(zone="z1", capacity={"h100": 1}))),
-        "GetCluster": api_pb2.GetRequest(name="c1"),
-        "ListClusters": api_pb2.ListRequest(),
-        "DeleteCluster": api_pb2.DeleteRequest(name="c1"),
-        "CordonCluster": api_pb2.CordonRequest(name="c1", cordoned=True),
-        "DrainCluster": api_pb2.DrainRequest(name="c1"),
-        "RegisterZone": api_pb2.RegisterZoneRequest(zone=api_pb2.Zone(metadata=api_pb2.ObjectMeta(name="z9"))),
-        "GetZone": api_pb2.GetRequest(name="z1"),
-        "ListZones": api_pb2.ListRequest(),
-        "DeleteZone": api_pb2.DeleteRequest(name="z1"),
-        "CordonZone": api_pb2.CordonRequest(name="z1", cordoned=True),
-        "DrainZone": api_pb2.DrainRequest(name="z1"),
-        "Explain": api_pb2.ExplainRequest(deployment=ALPHA_DEP),
-        "Watch": api_pb2.WatchRequest(once=True, since_revision=0, tenant=ALPHA),
-        "DryRun": api_pb2.DryRunRequest(deployment=deployment_msg(ALPHA_DEP, ALPHA, max_replicas=3)),
-        "CreateToken": api_pb2.CreateTokenRequest(role="tenant", tenant=ALPHA),
-        "ListTokens": api_pb2.ListTokensRequest(tenant=ALPHA),
-        "RevokeToken": api_pb2.RevokeTokenRequest(id="0123456789ab"),
-        "WhoAmI": api_pb2.WhoAmIRequest(),
-        "Status": admin_pb2.StatusRequest(),
-        "AddMember": admin_pb2.MemberRequest(node_id="coord-9", raft_address="127.0.0.1:1", api_address="127.0.0.1:2"),
-        "RemoveMember": admin_pb2.MemberRequest(raft_address="127.0.0.1:1"),
-    }
+def aimed_at(tenant: str, dep: str) -> dict[str, Any]:
+    """One request per method naming the given tenant's objects: the nemesis prober's table."""
+    return probe_requests(tenant, dep)
 
 
 class Group:
@@ -146,11 +109,6 @@ def call(api: Api, service: str, method: str, request: Any) -> tuple[grpc.Status
         return err.code(), err.details() or ""
 
 
-def _normal(text: str, tenant: str, dep: str) -> str:
-    """The answer with the names asked about replaced, and numbers (revisions, indexes) blanked."""
-    return re.sub(r"\d+", "N", text.replace(dep, "<DEP>").replace(tenant, "<TENANT>"))
-
-
 def probe(group: Group, bravo_token: str, phase: str, failover: bool) -> int:
     """bravo calls every method on every running node, once naming alpha's objects and once naming
     objects that do not exist; the two answers must be the same. Returns the calls answered OK."""
@@ -170,7 +128,7 @@ def probe(group: Group, bravo_token: str, phase: str, failover: bool) -> int:
                 ghost_code, ghost_text = call(api, service, method, ghost[method])
                 if failover and (code in DURING_FAILOVER or ghost_code in DURING_FAILOVER):
                     continue  # one of the two fell into the failover: nothing to compare
-                assert (code, _normal(text, ALPHA, ALPHA_DEP)) == (ghost_code, _normal(ghost_text, GHOST, GHOST_DEP)), (
+                assert (code, normal(text, ALPHA, ALPHA_DEP)) == (ghost_code, normal(ghost_text, GHOST, GHOST_DEP)), (
                     f"{where}: alpha's objects answer differently from objects that do not exist:\n"
                     f"  alpha: {code.name}: {text[:300]}\n  ghost: {ghost_code.name}: {ghost_text[:300]}")
                 ok += code is S.OK
