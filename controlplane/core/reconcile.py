@@ -127,12 +127,16 @@ class ReconcileConfig:
 
 @dataclass(frozen=True, slots=True)
 class SendFailure:
-    """An adapter command that could not be delivered (the adapter was unreachable)."""
+    """An adapter command that could not be delivered (the adapter was unreachable), or that the
+    adapter refused for good (``refused``: e.g. the deployment has no workload on that cluster)."""
 
     cluster_id: ClusterId
     instance_id: InstanceId
     action: str
     at_ms: int
+    refused: bool = False
+    """A refusal says nothing about the cluster: it feeds the deployment-on-cluster breaker, so that
+    one misconfigured deployment backs off without closing the cluster to the others."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,9 +265,12 @@ def facts(
             continue
         _feed_breakers(breakers, inst, event, rep.at_ms, cfg, rng)
     for f in failures:
-        rec = breakers.get(cluster_key(f.cluster_id))
-        breakers.put(cluster_key(f.cluster_id), br.on_failure(rec, f.at_ms, cfg.breaker, rng))
         inst = state.instances.get(f.instance_id)
+        if f.refused and inst is not None:
+            key = deployment_key(f.cluster_id, inst.deployment)
+        else:
+            key = cluster_key(f.cluster_id)
+        breakers.put(key, br.on_failure(breakers.get(key), f.at_ms, cfg.breaker, rng))
         if inst is not None and f.action in ("create", "wake"):
             move(inst, E.LOST, f.at_ms)
     pending, warming, ready, busy = _PENDING, _WARMING, _READY, _BUSY

@@ -32,7 +32,7 @@ import structlog
 from controlplane.core import breaker, reconcile, signals
 from controlplane.core.reconcile import LiveDecision
 from controlplane.domain import commands as c
-from controlplane.domain.errors import StaleEpoch, TemporaryError
+from controlplane.domain.errors import ControlPlaneError, StaleEpoch, TemporaryError
 from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId
 from controlplane.domain.instances import SERVING_STATES, Instance, InstanceEvent
 from controlplane.domain.observations import (
@@ -354,14 +354,20 @@ class ControlLoop:
             except TemporaryError:
                 failed += 1
                 self._remember_failure(cmd, now_ms)
+            except ControlPlaneError as exc:  # refused for good (NotFound, ValidationError): this command only
+                failed += 1
+                log.warning("command_refused", cluster=cmd.instance.cluster, instance=cmd.instance.id,
+                            deployment=cmd.instance.deployment, action=cmd.action, error=str(exc))
+                self._remember_failure(cmd, now_ms, refused=True)
         self._stats["commands_sent"] += sent
         self._stats["send_failures"] += failed
         return sent, failed
 
-    def _remember_failure(self, cmd: AdapterCommand, now_ms: int) -> None:
+    def _remember_failure(self, cmd: AdapterCommand, now_ms: int, refused: bool = False) -> None:
         if len(self._failures) < MAX_PENDING_FAILURES:
-            self._failures.append(reconcile.SendFailure(cmd.instance.cluster, cmd.instance.id, cmd.action, now_ms))
-        retried = cmd.action in RETRIED_ACTIONS and cmd.request_id not in self._undelivered
+            self._failures.append(reconcile.SendFailure(cmd.instance.cluster, cmd.instance.id, cmd.action, now_ms,
+                                                        refused))
+        retried = not refused and cmd.action in RETRIED_ACTIONS and cmd.request_id not in self._undelivered
         if retried and len(self._undelivered) < MAX_PENDING_FAILURES:
             self._undelivered[cmd.request_id] = (cmd, now_ms)
 

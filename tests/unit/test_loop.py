@@ -18,7 +18,7 @@ from structlog.testing import capture_logs
 
 from controlplane.core import reconcile as r
 from controlplane.domain import commands as c
-from controlplane.domain.errors import StaleEpoch, Unavailable
+from controlplane.domain.errors import NotFound, StaleEpoch, Unavailable
 from controlplane.domain.ids import (
     ClusterId,
     DeploymentId,
@@ -326,6 +326,27 @@ def test_an_undeliverable_create_marks_the_instance_lost_and_feeds_the_cluster_b
     stats = rg.loop.statistics()
     assert (stats.send_failures, stats.commands_sent, stats.ticks) == (3, 1, 4)
     assert rg.adapter.violations == []
+
+
+def test_a_refused_create_fails_only_that_command_and_feeds_its_deployment_breaker_not_the_cluster() -> None:
+    # c1 has no workload for this deployment (the adapter answers NotFound): the tick goes on, the
+    # instance is lost, and the deployment-on-c1 breaker (not c1's) counts the failure.
+    rg = rig(
+        setup(clusters=(("c1", "z1", 4), ("c2", "z2", 4)), min_replicas=1),
+        fail=lambda cluster, cmd: NotFound("deployment", "chat on c1") if cluster == "c1" else None,
+    )
+    for k in range(3):
+        now = T0 + k * TICK_MS
+        rep = rg.loop.tick(now)  # never raises: one refused command does not fail the tick
+        assert (rep.sent, rep.send_failures) == (0, 1)
+        if k:
+            assert rg.state.breakers[r.deployment_key("c1", "chat")] == BreakerRecord(failures=k)
+            assert r.cluster_key("c1") not in rg.state.breakers
+    now = T0 + 3 * TICK_MS
+    rep = rg.loop.tick(now)  # the deployment's breaker on c1 opened: the replacement goes to c2
+    assert rg.state.breakers[r.deployment_key("c1", "chat")].phase is BreakerPhase.OPEN
+    assert (rep.sent, rep.send_failures) == (1, 0) and rg.adapter.actions()[-1] == ("create", f"chat-{now}-0", "c2")
+    assert rg.loop._undelivered == {}  # a refusal is never re-sent
 
 
 def test_a_stale_epoch_stops_sending_for_the_rest_of_the_tick() -> None:
