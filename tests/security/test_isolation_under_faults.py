@@ -35,6 +35,7 @@ from controlplane.chaos.checker import ADMIN_ONLY, normal
 from controlplane.chaos.isolation import probe_requests
 from controlplane.config import CoordinatorConfig
 from controlplane.coordinator import Coordinator
+from controlplane.domain.tokens import parse_token
 from controlplane.tokens import new_token
 from tests.raft.cluster import cluster_configs
 from tests.support.waiting import wait_until
@@ -150,8 +151,11 @@ def test_bravo_never_sees_or_changes_alpha_while_the_group_fails_over(group: Gro
         bravo = admin.tokens.CreateToken(api_pb2.CreateTokenRequest(role="tenant", tenant=BRAVO), timeout=10).token
     finally:
         admin.channel.close()
-    wait_until(lambda: all(co.node.state_copy().deployments.get(ALPHA_DEP) for co in group.running()), 20.0,
-               "alpha's deployment on every node")
+    bravo_id = parse_token(bravo)[0]  # type: ignore[index]
+    # A new token is known to a coordinator once it has applied it (milliseconds behind the leader;
+    # docs/api.md): probe only when every node has it, as a client retrying UNAUTHENTICATED would.
+    wait_until(lambda: all(co.node.state_copy().deployments.get(ALPHA_DEP) and bravo_id in co.node.state_copy().tokens
+                           for co in group.running()), 20.0, "alpha's deployment and bravo's token on every node")
     alpha_before = group.alpha(leader)
 
     answered = probe(group, bravo, "steady", failover=False)

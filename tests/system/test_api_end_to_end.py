@@ -360,7 +360,7 @@ def test_apply_everywhere_watch_transitions_and_survive_a_leader_kill(group: Gro
                    "the watch to report the update")
     finally:
         watch.stop()
-    assert watch.proc.returncode in (0, 130, -signal.SIGINT), watch.snapshot()[1]
+    assert watch.proc.returncode in (0, 130, -signal.SIGINT), "\n".join(watch.snapshot()[1])
 
 
 def _reaped(pid: int) -> bool:
