@@ -204,9 +204,13 @@ class Watch:
     """`tenantctl watch -o json` as a subprocess: its stdout lines (events) and stderr lines (notices)."""
 
     def __init__(self, g: Group, *argv: str) -> None:
-        # PYTHONFAULTHANDLER: if it ever ignores Ctrl-C, stop() aborts it and its stderr shows where it was
+        # SIGINT as a terminal's Ctrl-C: a child inherits an *ignored* SIGINT (a test run started in
+        # the background of a non-interactive shell has it ignored, and Python then never raises
+        # KeyboardInterrupt), so the child starts with the default disposition. PYTHONFAULTHANDLER:
+        # if it ever ignores Ctrl-C anyway, stop() aborts it and its stderr shows where it was.
         self.proc = subprocess.Popen(TENANTCTL + list(argv) + ["watch", "-o", "json"], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, env=g.env(PYTHONFAULTHANDLER="1"))
+                                     stderr=subprocess.PIPE, text=True, env=g.env(PYTHONFAULTHANDLER="1"),
+                                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         self.events: list[dict] = []
         self.notices: list[str] = []
         self._lock = threading.Lock()

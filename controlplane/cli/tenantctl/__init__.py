@@ -9,7 +9,6 @@ Usage, configuration file, manifests and exit codes: ``docs/tenantctl.md``.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 
@@ -30,18 +29,8 @@ __all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_UNREACHABLE", "EX
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``tenantctl ARGS``; returns the exit status. After Ctrl-C the process ends at once: a gRPC
-    call interrupted mid-way (a watch stream) can make closing its channel or the interpreter's
-    shutdown wait on gRPC's threads, and an interrupted command must never hang."""
-    code = run(argv)
-    if code == EXIT_INTERRUPTED:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(code)
-    return code
+    """``tenantctl ARGS``; returns the exit status."""
+    return run(argv)
 
 
 def token_parser(prog: str = "controlplane token") -> argparse.ArgumentParser:

@@ -220,8 +220,6 @@ class Session:
     channel_factory: Callable[[str], grpc.Channel] | None = None
     sleep: Callable[[float], None] = time.sleep
     clients: list[ApiClient] = field(default_factory=list)
-    interrupted: bool = False
-    """Ctrl-C arrived: the channels are left to the process exit (``main`` exits at once)."""
 
     def __post_init__(self) -> None:
         tty = hasattr(self.out, "isatty") and self.out.isatty()
@@ -1092,7 +1090,6 @@ def run(argv: Sequence[str] | None, *, parser: argparse.ArgumentParser | None = 
         return EXIT_UNREACHABLE
     except KeyboardInterrupt:
         print("tenantctl: interrupted", file=err)
-        s.interrupted = True
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         try:
@@ -1104,5 +1101,4 @@ def run(argv: Sequence[str] | None, *, parser: argparse.ArgumentParser | None = 
         print(f"tenantctl: internal error: {type(exc).__name__}: {exc} (please report it)", file=err)
         return EXIT_FAILED
     finally:
-        if not s.interrupted:  # an interrupt may have left a gRPC call mid-way: main() exits at once
-            s.close()
+        s.close()
