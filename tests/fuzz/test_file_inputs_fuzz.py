@@ -36,6 +36,7 @@ from controlplane.domain.errors import PermanentError
 from controlplane.sim import scenario as sim_scenario
 from controlplane.sim.workload import MAX_TOKENS, TraceError, read_azure_trace
 from tests.conftest import long_mode
+from tests.fuzz.docpaths import paths as doc_paths
 from tests.raft.test_config import GOOD as COORDINATOR
 from tests.unit.test_adapter_config import SIMULATED as ADAPTER
 from tests.unit.test_adapter_config import TOKEN
@@ -55,22 +56,11 @@ VALUES = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=
                       max_leaves=8)
 
 
-def _paths(doc: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [prefix] if prefix else []
-    if isinstance(doc, dict):
-        for k, v in doc.items():
-            out += _paths(v, prefix + (k,))
-    elif isinstance(doc, list):
-        for i, v in enumerate(doc):
-            out += _paths(v, prefix + (i,))
-    return out
-
-
 @st.composite
 def near_valid(draw: st.DrawFn, base: dict[str, Any]) -> Any:
     doc = copy.deepcopy(base)
     for _ in range(draw(st.integers(1, 3))):
-        paths = _paths(doc)
+        paths = doc_paths(doc)
         if not paths:
             break
         path = draw(st.sampled_from(paths))

@@ -36,6 +36,7 @@ from adapters.backend import FenceToken, InstanceCommand, InstanceSpec, ScaleCom
 from adapters.kubernetes import KubernetesBackend, KubernetesConfig, WorkloadConfig
 from controlplane.domain.errors import ControlPlaneError
 from tests.conftest import long_mode
+from tests.fuzz.docpaths import paths as doc_paths
 from tests.fakes.kube_apiserver import FakeKubeApiServer
 
 pytestmark = pytest.mark.timeout(240)
@@ -87,17 +88,6 @@ JSONISH = st.recursive(
     max_leaves=6)
 
 
-def _paths(doc: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [prefix] if prefix else []
-    if isinstance(doc, dict):
-        for k, v in doc.items():
-            out += _paths(v, prefix + (k,))
-    elif isinstance(doc, list):
-        for i, v in enumerate(doc[:3]):
-            out += _paths(v, prefix + (i,))
-    return out
-
-
 @st.composite
 def mangles(draw: st.DrawFn) -> Any:
     """A function (status, body) -> (status, body) chosen by Hypothesis, applied to the real answer."""
@@ -121,7 +111,7 @@ def mangles(draw: st.DrawFn) -> Any:
         if kind == "status":
             return status, raw if remove else body
         doc = json.loads(body)
-        paths = _paths(doc)
+        paths = doc_paths(doc, max_items=3)
         if not paths:
             return old_status, json.dumps(value).encode()
         path = random.Random(seed).choice(paths)
