@@ -277,7 +277,7 @@ def coordinator_main(config: str, directory: str) -> int:
                     per[inst.state.value] = per.get(inst.state.value, 0) + 1
                 write_atomic(out / "status.json", {
                     "t": time.monotonic(), "node": node_id, "pid": os.getpid(), "epoch": epoch,
-                    "holder": rec.holder, "lease_epoch": rec.epoch, "role": raft.role, "leader": raft.leader_id,
+                    "holder": rec.holder, "lease_epoch": rec.epoch, "role": raft.role, "leader": raft.leader_id, "term": raft.term,
                     "commit": raft.commit_index, "applied": raft.applied_index, "revision": state.applied,
                     "desired": {d: v.replicas for d, v in state.desired.items()}, "instances": live,
                     "tenants": len(state.tenants),
