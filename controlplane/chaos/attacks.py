@@ -136,24 +136,34 @@ class FrameFlood:
                 self.stats.connect_errors += 1
             return None
 
+    def _send(self, sock: socket.socket, data: bytes) -> None:
+        """Send ``data``; a receiver that stops reading (a full window) is waited for, not a drop."""
+        view = memoryview(data)
+        while view and not self._stop.is_set() and time.monotonic() < self.deadline:
+            try:
+                n = sock.send(view)
+            except TimeoutError:
+                continue
+            self._count(n)
+            view = view[n:]
+
     def _trickle(self) -> None:
         sock = self._connect()
         if sock is None:
             return
         chunk = b"\x00" * CHUNK
         try:
-            sock.sendall(FRAME_HEADER.pack(self.announced))
+            sock.settimeout(0.5)
+            self._send(sock, FRAME_HEADER.pack(self.announced))
             sent = 0
             while sent < self.preload and not self._stop.is_set() and time.monotonic() < self.deadline:
-                sock.sendall(chunk)
+                self._send(sock, chunk)
                 sent += CHUNK
-                self._count(CHUNK)
             pace = CHUNK / max(1, self.rate_bps)
             while not self._stop.is_set() and time.monotonic() < self.deadline:
-                sock.sendall(chunk)
-                self._count(CHUNK)
+                self._send(sock, chunk)
                 self._stop.wait(pace)
-        except OSError:  # the member dropped us (or the send timed out: a full window is a stall too)
+        except OSError:  # the member closed or reset the connection
             with self._lock:
                 self.stats.dropped_by_peer += 1
         finally:
@@ -190,15 +200,22 @@ class FdHog:
 
     socks: list[socket.socket] = field(default_factory=list)
     refused: str = ""
+    timeouts: int = 0
 
-    def open(self, address: str, most: int, *, stop_when: Callable[[], bool] = lambda: False) -> int:
-        """Connect to ``address`` until refused, ``most`` connections, or ``stop_when()``; returns how
-        many this call opened."""
+    def open(self, address: str, most: int, deadline: float, *, stop_when: Callable[[], bool] = lambda: False) -> int:
+        """Connect to ``address`` until refused, ``most`` attempts, ``deadline`` (monotonic) or
+        ``stop_when()``; returns how many this call opened. A connection that times out (the member
+        is slow to accept, its backlog is full) is counted and the next one tried."""
         target = split(address)
         n = 0
-        while n < most and not stop_when():
+        for _ in range(most):
+            if stop_when() or time.monotonic() > deadline:
+                break
             try:
                 s = socket.create_connection(target, timeout=CONNECT_TIMEOUT_S)
+            except TimeoutError:
+                self.timeouts += 1
+                continue
             except OSError as exc:
                 self.refused = f"{type(exc).__name__}: {exc}"
                 break

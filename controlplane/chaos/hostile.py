@@ -55,7 +55,7 @@ JOURNAL_VARIANTS = ("flip", "garbage", "empty_meta", "truncate")
 # --- the bounds of the verdicts (documented in docs/reliability.md) ---------------------------------
 COMMIT_GAP_MS = 2000.0
 """Longest time without an acknowledged write from the attack's start to the end of its observation."""
-RSS_GROWTH_MIB = 32.0
+RSS_GROWTH_MIB = 16.0
 """Most the attacked member's resident memory may grow during ``raft_frames``."""
 TERM_GROWTH = 2
 """Most the Raft term may grow during an attack (one election, plus one that split)."""
@@ -241,8 +241,9 @@ def fd_exhaustion_checks(obs: Mapping[str, Any]) -> list[Check]:
     :data:`QUORUM_S`)."""
     q = obs.get("quorum_ms")
     return [
-        Check("attack_reached_the_limit", bool(obs.get("reached_limit")), obs.get("open_connections"),
-              obs.get("limit"), "connections opened / the member's RLIMIT_NOFILE"),
+        Check("attack_reached_the_limit", bool(obs.get("reached_limit")), obs.get("member_fds_peak"),
+              obs.get("limit"), f"the member's open descriptors at most / its RLIMIT_NOFILE; "
+                                f"{obs.get('open_connections')} connections held"),
         Check("reaccepts_after_release", bool(obs.get("reaccepts")), obs.get("reaccepts"), True),
         Check("quorum_with_the_member", q is not None and q <= QUORUM_S * 1000, q, QUORUM_S * 1000,
               "ms until a write committed with one other member restarted and the third paused"),
