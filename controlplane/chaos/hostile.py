@@ -139,7 +139,8 @@ def plan(seed: int, kinds: Sequence[str] = KINDS, sizes: Sizes = FULL) -> list[A
             out.append(AttackSpec(kind, seed, start, sizes.journal_observe_s, "follower", {
                 "variants": variants, "garbage_seed": rng.randrange(2**32)}))
         elif kind == "disk_full":
-            out.append(AttackSpec(kind, seed, start, d, rng.choice(("leader", "follower")), {"tmpfs_mib": sizes.tmpfs_mib}))
+            # the tmpfs is mounted before the group starts: a member index, not a role
+            out.append(AttackSpec(kind, seed, start, d, str(rng.randrange(3)), {"tmpfs_mib": sizes.tmpfs_mib}))
         elif kind == "watch_flood":
             out.append(AttackSpec(kind, seed, start, d, "tenant", {"once": sizes.once_watches, "live": sizes.live_watches}))
         elif kind == "object_flood":
@@ -254,7 +255,9 @@ def fd_exhaustion_checks(obs: Mapping[str, Any]) -> list[Check]:
 def journal_outcome(obs: Mapping[str, Any]) -> tuple[str, bool, str]:
     """One corruption variant: ``(outcome, ok, why)``. ``obs``: ``returncode`` (None: still
     running), ``health`` (``SERVING``, ``NOT_SERVING`` or None: no answer), ``caught_up``,
-    ``diverged`` (descriptions), ``tracebacks``, ``clear_line`` (a log line naming the journal)."""
+    ``diverged`` (descriptions), ``tracebacks``, ``clear_line`` (a log line naming the journal),
+    ``requires_notice`` (the variant destroyed durable Raft state -- the term and vote of an emptied
+    metadata file -- so running on is correct only if the member noticed and said so)."""
     if obs.get("diverged"):
         return "diverged", False, "silent divergence: " + "; ".join(list(obs["diverged"])[:2])
     if int(obs.get("tracebacks", 0)):
@@ -268,6 +271,8 @@ def journal_outcome(obs: Mapping[str, Any]) -> tuple[str, bool, str]:
             return "stopped_cleanly", True, f"exit {rc}" if rc is not None else "NOT_SERVING"
         return "stopped_silently", False, "stopped without a log line naming the journal"
     if health == "SERVING" and obs.get("caught_up"):
+        if obs.get("requires_notice") and not obs.get("clear_line"):
+            return "recovered_silently", False, "runs on without a word although its term and vote were lost"
         return "recovered", True, "SERVING and caught up"
     if health == "SERVING":
         return "serving_but_stuck", False, "answers SERVING but did not catch up with the group"

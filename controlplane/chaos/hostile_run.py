@@ -353,7 +353,7 @@ def _variant(g: Group, variant: str, spec: h.AttackSpec, rng: random.Random) -> 
     follower = g.resolve("follower", rng)
     log = g.stderr(follower)
     g.stop(follower)
-    obs: dict[str, Any] = {"member": follower.name}
+    obs: dict[str, Any] = {"member": follower.name, "requires_notice": variant == "empty_meta"}
     try:
         obs["done"] = a.corrupt(g.data_dir(follower), variant, spec.params["garbage_seed"])
     except (OSError, ValueError) as exc:
@@ -413,8 +413,8 @@ def disk_full(g: Group, spec: h.AttackSpec, rng: random.Random) -> Outcome:
     free = a.fill(g.tmpfs_dir, spec.params["tmpfs_mib"] << 20)
     obs: dict[str, Any] = {"target": target.name, "free_bytes": free, "filled": free < 64 * 1024}
     report = None
-    while time.monotonic() < t0 + spec.duration_s and target.popen.poll() is None:
-        if a.health(g.plan_of(target).api_address, 0.5) == "NOT_SERVING":
+    while time.monotonic() < t0 + spec.duration_s:  # the rest go on whatever the member does
+        if target.popen.poll() is None and a.health(g.plan_of(target).api_address, 0.5) == "NOT_SERVING":
             report = "NOT_SERVING"
         time.sleep(0.3)
     t1 = time.monotonic()

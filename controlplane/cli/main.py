@@ -120,6 +120,15 @@ def _parser() -> argparse.ArgumentParser:
     bc.add_argument("--keep", action="store_true", help="keep the journals and logs (always kept after a failure)")
     bc.add_argument("--json", action="store_true", help="print the totals as JSON on stdout")
 
+    bh = bench_sub.add_parser("hostile", help="hostile-input attacks (poisoned fence, oversized Raft frames, fd exhaustion, "
+                                              "journal corruption, full disk, watch and object floods), each with a verdict")
+    bh.add_argument("--attacks", default=None, metavar="A,B", help="attacks to run, comma-separated (default: all)")
+    bh.add_argument("--seed", type=int, default=1, help="seed of the attack plan (default 1)")
+    bh.add_argument("--short", action="store_true", help="CI sizes: every attack in a few seconds")
+    bh.add_argument("--out", default="out/hostile", metavar="DIR", help="where results.json and report.md go")
+    bh.add_argument("--keep", action="store_true", help="keep the logs and data directories (always kept after a failure)")
+    bh.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
+
     sub.add_parser("token", help="create, list or revoke API tokens (as `tenantctl token`; see docs/tenantctl.md)",
                    add_help=False)
     hc = sub.add_parser("health", help="grpc.health.v1 Check of a coordinator (TLS from its config) or an adapter; "
@@ -344,6 +353,10 @@ def _bench(args: argparse.Namespace) -> int:
         from controlplane.bench.chaos import run_cli as run_chaos
 
         return run_chaos(args.runs, args.seed, args.out, args.json, nodes=args.nodes, faults=args.faults, keep=args.keep)
+    if args.bench == "hostile":
+        from controlplane.bench.hostile import run_cli as run_hostile
+
+        return run_hostile(args.attacks, args.seed, args.out, args.json, short=args.short, keep=args.keep)
     if args.bench == "soak":
         from controlplane.bench.soak import run_cli as run_soak
 
