@@ -34,6 +34,7 @@ READY_TIMEOUT_S = 60.0
 SETTLE_TIMEOUT_S = 15.0
 RESYNC_TIMEOUT_S = 20.0
 TENANT_TIMEOUT_S = 20.0
+START_ATTEMPTS = 2
 
 
 class HostileError(Exception):
@@ -60,8 +61,12 @@ class Group:
         self.client.start()
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
-            if c.holder() is not None and self.client.writes.acked:
+            if (c.holder() is not None and self.client.writes.acked
+                    and all(c.status(p) is not None for p in c.coords)):  # every member up, none lost at start
                 return
+            if any(p.popen is not None and p.popen.poll() is not None for p in c.coords + c.adapters):
+                raise HostileError(f"a process exited while the group started (a port taken meanwhile?); "
+                                   f"logs under {self.root}")
             time.sleep(0.1)
         raise HostileError(f"no lease holder and no acknowledged write within {READY_TIMEOUT_S:.0f}s (logs under {self.root})")
 
@@ -510,12 +515,21 @@ def run_attack(spec: h.AttackSpec, root: Path, log: Callable[[str], None] = prin
     rng = random.Random(f"{spec.seed}/{spec.kind}")
     tmpfs = (int(spec.target), int(spec.params["tmpfs_mib"])) if spec.kind == "disk_full" else None
     t_begin = time.monotonic()
+    g: Group | None = None
+    for attempt in range(START_ATTEMPTS):  # free ports are picked, then bound: another process may win
+        try:
+            g = Group(root / f"try{attempt}", spec.seed, tmpfs=tmpfs, log=log)
+            g.start()
+            break
+        except (OSError, subprocess.SubprocessError, HostileError) as exc:
+            if g is not None:
+                g.close()
+            g = None
+            if attempt + 1 == START_ATTEMPTS:
+                return h.verdict(spec.kind, {"error": f"{type(exc).__name__}: {exc}"}, {}, {"spec": spec.to_json()})
+            log(f"hostile {spec.kind}: the group did not start ({exc}); a fresh one")
+    assert g is not None
     try:
-        g = Group(root, spec.seed, tmpfs=tmpfs, log=log)
-    except (OSError, subprocess.SubprocessError) as exc:
-        return h.verdict(spec.kind, {"error": f"{type(exc).__name__}: {exc}"}, {}, {"spec": spec.to_json()})
-    try:
-        g.start()
         time.sleep(spec.start_s)
         try:
             obs, window, down = DRIVERS[spec.kind](g, spec, rng)
