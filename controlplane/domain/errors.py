@@ -19,6 +19,7 @@
         +-- VersionMismatch(kind, id, expected, actual)  optimistic concurrency: resource_version moved on
         +-- StaleEpoch(got, highest)    a fenced command carried an epoch below the highest seen
         +-- Forbidden(what)             authenticated, but not allowed (cross-tenant access)
+        +-- LimitExceeded(what)         a per-tenant object limit is reached (delete something first)
 
 Library errors are translated into this tree at the boundary with ``raise ... from exc``. Inside the
 replicated state machine nothing is raised: ``apply`` returns a rejection value instead (it must be
@@ -139,3 +140,8 @@ class StaleEpoch(PermanentError):
 
 class Forbidden(PermanentError):
     """Authenticated, but not allowed to touch this object."""
+
+
+class LimitExceeded(PermanentError):
+    """Creating the object would exceed a per-tenant limit carried by the command (the API's
+    ``api_max_deployments_per_tenant`` / ``api_max_tokens_per_tenant``)."""
