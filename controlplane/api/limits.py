@@ -33,9 +33,10 @@ from google.rpc import error_details_pb2, status_pb2
 
 from controlplane.api.auth import Authenticator, CatchingUp, Principal, Unauthenticated, bearer_of
 from controlplane.config import CoordinatorConfig
+from controlplane.domain.errors import CLIP_CHARS, clip
 
-CLIP_CHARS = 40
-"""Most characters of a client's value an error message repeats."""
+__all__ = ["CLIP_CHARS", "clip", "clip_path", "cut", "abort", "shape_problems", "Gate", "LimitsInterceptor"]
+
 MAX_MESSAGE_BYTES = 512
 """Most UTF-8 bytes of an error's message (``grpc-message``; percent-encoding at most triples it)."""
 MAX_FIELD_CHARS = 120
@@ -62,12 +63,10 @@ _WRAPPERS = ("tenant", "deployment", "cluster", "zone")
 # --- echoing client values -----------------------------------------------------------------------------------
 
 
-def clip(value: object, limit: int = CLIP_CHARS) -> str:
-    """``value`` quoted for an error message, cut to ``limit`` characters (``'abc...'(+N chars)``)."""
-    text = value if isinstance(value, str) else str(value)
-    if len(text) <= limit:
-        return repr(text)
-    return f"{text[:limit]!r}...(+{len(text) - limit} chars)"
+def clip_path(field: str, limit: int = CLIP_CHARS) -> str:
+    """A field path whose over-long segments (map keys a client chose) are clipped."""
+    return ".".join(seg if len(seg) <= limit else f"{seg[:limit]}...(+{len(seg) - limit} chars)"
+                    for seg in field.split("."))
 
 
 def cut(text: str, max_bytes: int) -> str:

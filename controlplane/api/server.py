@@ -611,7 +611,10 @@ class DeploymentsServicer(api_pb2_grpc.DeploymentsServicer):
         def make(state: ControlState) -> c.Command | None:
             existing = state.deployments.get(d.id)
             current = _meta(state, "deployment", d.id)
-            if existing is not None and not p.sees_tenant(existing.tenant):
+            hidden = existing is not None and not p.sees_tenant(existing.tenant)
+            if (existing is None or hidden) and rv > 0:
+                raise not_found("deployment", d.id)
+            if hidden:
                 # Another tenant's name (ids are global): answered as a create of an existing name
                 # is, after the limit check a free name would get (docs/security.md "Names").
                 try:

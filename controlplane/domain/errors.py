@@ -29,6 +29,20 @@ total), built from these classes' messages.
 from __future__ import annotations
 
 
+CLIP_CHARS = 40
+"""Most characters of a caller's value that an error message repeats."""
+
+
+def clip(value: object, limit: int = CLIP_CHARS) -> str:
+    """``value`` quoted for an error message, cut to ``limit`` characters (``'abc'...(+N chars)``):
+    the one way a value from a client, a file or a peer enters a message (an over-long echo would
+    overflow gRPC's 8 KiB metadata limit, or a terminal)."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}...(+{len(text) - limit} chars)"
+
+
 class ControlPlaneError(Exception):
     """Base of every error the control plane raises on purpose."""
 
