@@ -22,7 +22,7 @@ from typing import Any
 import pydantic
 from pydantic import BaseModel
 
-from controlplane.api.limits import clip, clip_path
+from controlplane.api.limits import clip_path
 from controlplane.api.v1 import api_pb2
 from controlplane.domain.errors import ValidationError
 from controlplane.domain.ids import id_problem

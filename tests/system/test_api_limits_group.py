@@ -146,24 +146,31 @@ def test_a_tenant_watch_flood_does_not_starve_status_nor_move_the_lease(group: G
                 return exc.code()
 
         status_s: list[float] = []
-        with ThreadPoolExecutor(32) as pool:
-            flood = pool.map(once, range(200))
-            t_end = time.monotonic() + 3.0
-            while time.monotonic() < t_end:
-                for n in group.nodes:
-                    t0 = time.monotonic()
-                    Api(n.api_address, group.token).admin.Status(admin_pb2.StatusRequest(), timeout=STATUS_DEADLINE_S)
-                    status_s.append(time.monotonic() - t0)
-            codes = list(flood)
+
+        def flood_once() -> list[S]:
+            with ThreadPoolExecutor(32) as pool:
+                flood = pool.map(once, range(200))
+                t_end = time.monotonic() + 3.0
+                while time.monotonic() < t_end:
+                    for n in group.nodes:
+                        t0 = time.monotonic()
+                        Api(n.api_address, group.token).admin.Status(admin_pb2.StatusRequest(), timeout=STATUS_DEADLINE_S)
+                        status_s.append(time.monotonic() - t0)
+                return list(flood)
+
+        codes = flood_once()  # the tenant's share is held by its live watches
         assert set(codes) == {S.RESOURCE_EXHAUSTED}, codes
         other = bravo.scaling.Watch(api_pb2.WatchRequest(), timeout=30)
         assert next(other).type == "BOOKMARK"
         other.cancel()
-        print(f"Status during the flood: {len(status_s)} calls, max {max(status_s) * 1000:.0f} ms")
-        assert max(status_s) < STATUS_DEADLINE_S
     finally:
         for s in live:
             s.cancel()
+    codes = flood_once()  # once-watches alone: some run (4 at a time), the rest are refused
+    assert set(codes) <= {S.OK, S.RESOURCE_EXHAUSTED} and S.OK in codes, codes
+    print(f"Status during the floods: {len(status_s)} calls, max {max(status_s) * 1000:.0f} ms; "
+          f"once-watches alone: {codes.count(S.OK)} served, {codes.count(S.RESOURCE_EXHAUSTED)} refused")
+    assert max(status_s) < STATUS_DEADLINE_S
     assert group.wait_holder() == (holder, epoch), "the lease moved during the flood"
 
 
@@ -187,6 +194,7 @@ def test_a_member_cut_off_from_its_peers_answers_writes_unavailable_not_unknown(
         assert err.value.code() is S.UNAVAILABLE, (err.value.code(), err.value.details())
         assert "not submitted" in err.value.details()
         assert dict(err.value.trailing_metadata() or ()).get("cp-outcome") != "unknown"
+        print(f"cut-off member answered {err.value.code().name} in {took * 1000:.0f} ms")
         assert took < 1.0, took  # at once, not at the commit deadline
     finally:
         group.net.heal()

@@ -6,7 +6,6 @@ gets exactly the answers a free name gets."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
