@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 from google.rpc import status_pb2
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from controlplane.api import limits as lim
 from controlplane.api import manifests as mf
@@ -241,6 +243,15 @@ def test_alias_bombs_cycles_and_deep_nesting_are_refused_quickly(text: str, prob
     with pytest.raises(mf.ManifestError) as err:
         mf.parse_text(text, "m.yaml")
     assert problem in err.value.problems[0]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.text(alphabet=st.sampled_from(list("ab:-&*[]{},\n '\"!|>#%@`?\t\x00\ufeff\u2028")), max_size=300))
+def test_any_manifest_text_is_objects_or_a_manifest_error(text: str) -> None:
+    try:
+        mf.parse_text(text, "m.yaml")
+    except mf.ManifestError as exc:
+        assert exc.problems and all(isinstance(p, str) and "\n" not in p for p in exc.problems)
 
 
 def _run_tenantctl(args: list[str], stdin: str = "") -> tuple[int, str]:

@@ -192,6 +192,11 @@ def test_a_huge_quota_map_and_oversized_requests_are_refused_naming_the_limit(gr
     huge = tenant_msg("big", quota={f"p{i}-{'x' * 50}": 1 for i in range(1200)})  # ~70 KB > 64 KiB
     err = _error(group.admin.tenants.CreateTenant, api_pb2.CreateTenantRequest(tenant=huge), timeout=10)
     assert err is not None and err.code() is S.RESOURCE_EXHAUSTED
+    assert "larger than max" in err.details() and str(64 * 1024) in err.details()  # gRPC's own words
+    reported = tenant_msg("big", quota={f"pool-{i:07d}": 1 for i in range(400_000)})  # the reported 6.8 MB map
+    assert reported.ByteSize() > 6_000_000
+    err = _error(group.admin.tenants.CreateTenant, api_pb2.CreateTenantRequest(tenant=reported), timeout=30)
+    assert err is not None and err.code() is S.RESOURCE_EXHAUSTED
     # within the shape limits, but a command over api_max_command_bytes (4096 here)
     wide = tenant_msg("wide", quota={f"p{i:02d}-{'y' * 58}": 1 for i in range(64)})
     err = _error(group.admin.tenants.CreateTenant, api_pb2.CreateTenantRequest(tenant=wide), timeout=10)
