@@ -319,6 +319,37 @@ class CoordinatorConfig(BaseModel):
     """``host:port`` of a Prometheus ``/metrics`` endpoint (plain HTTP, no auth: it names tenants and
     deployments, so bind it where only the monitoring system reaches). None: not served."""
 
+    # --- API limits (docs/api.md "Limits"; enforced by controlplane/api/limits.py) ---------------
+    api_workers: int = Field(48, ge=4, le=1024)
+    """Threads serving API calls; at least ``api_max_watches + api_max_tenant_calls + api_admin_reserve``."""
+    api_max_concurrent_rpcs: int = Field(256, ge=8, le=100_000)
+    """Calls accepted at once, running or queued for a thread (gRPC answers RESOURCE_EXHAUSTED beyond)."""
+    api_max_watches: int = Field(16, ge=2, le=10_000)
+    """Watch streams (``once`` ones included) at once on this coordinator, admins' included."""
+    api_max_watches_per_tenant: int = Field(4, ge=1, le=10_000)
+    """Watch streams (``once`` ones included) one tenant may hold at once on this coordinator."""
+    api_max_tenant_calls: int = Field(24, ge=1, le=10_000)
+    """Other calls in flight at once for all tenants together (admins' calls are not counted)."""
+    api_max_calls_per_tenant: int = Field(8, ge=1, le=10_000)
+    """Other calls one tenant may have in flight at once on this coordinator."""
+    api_admin_reserve: int = Field(4, ge=1, le=1_000)
+    """Watches and worker threads kept for admins whatever the tenants hold."""
+    api_heavy_concurrency: int = Field(2, ge=1, le=64)
+    """Threads at once turning the event log into messages (once-watches, catch-up pages)."""
+    api_max_request_bytes: int = Field(1 << 20, ge=4096, le=64 << 20)
+    """Largest request message the API accepts (gRPC's ``max_receive_message_length``)."""
+    api_max_string_bytes: int = Field(1024, ge=64, le=1 << 20)
+    """Longest string field of a request, in UTF-8 bytes."""
+    api_max_map_entries: int = Field(64, ge=1, le=100_000)
+    """Most entries of a map or repeated field of a request (quota, borrow_limit, capacity, kinds)."""
+    api_max_command_bytes: int = Field(64 << 10, ge=4096, le=4 << 20)
+    """Largest replicated command an API call may commit (its encoded size)."""
+    api_max_deployments_per_tenant: int = Field(200, ge=1, le=1_000_000)
+    """Deployments one tenant may own (enforced in the replicated apply: concurrent creates cannot
+    both pass)."""
+    api_max_tokens_per_tenant: int = Field(50, ge=1, le=1_000_000)
+    """API tokens scoped to one tenant (enforced in the replicated apply)."""
+
     _id = field_validator("node_id", "zone")(check_id)
     _addr = field_validator("raft_address", "api_address")(check_address)
 
@@ -465,6 +496,32 @@ def cross_field_problems(cfg: CoordinatorConfig) -> list[tuple[str, str]]:
         ))
     out.extend(_uniqueness_problems(cfg))
     out.extend(_seed_problems(cfg))
+    out.extend(api_limit_problems(cfg))
+    return out
+
+
+# --- API limits: relations between the api_* fields ------------------------------------------------
+
+
+def api_limit_problems(cfg: CoordinatorConfig) -> list[tuple[str, str]]:
+    """Streams and tenants can never take every API thread: what they may hold, plus the admin
+    reserve, fits in ``api_workers``."""
+    out: list[tuple[str, str]] = []
+    need = cfg.api_max_watches + cfg.api_max_tenant_calls + cfg.api_admin_reserve
+    if need > cfg.api_workers:
+        out.append(("api_workers", f"{cfg.api_workers} is below api_max_watches + api_max_tenant_calls + "
+                                   f"api_admin_reserve = {need}: streams and tenants could take every thread"))
+    if cfg.api_admin_reserve >= cfg.api_max_watches:
+        out.append(("api_admin_reserve", f"{cfg.api_admin_reserve} leaves tenants no watch "
+                                         f"(api_max_watches = {cfg.api_max_watches})"))
+    if cfg.api_max_watches_per_tenant > cfg.api_max_watches - cfg.api_admin_reserve:
+        out.append(("api_max_watches_per_tenant", f"{cfg.api_max_watches_per_tenant} exceeds api_max_watches - "
+                                                  f"api_admin_reserve = {cfg.api_max_watches - cfg.api_admin_reserve}"))
+    if cfg.api_max_calls_per_tenant > cfg.api_max_tenant_calls:
+        out.append(("api_max_calls_per_tenant", f"{cfg.api_max_calls_per_tenant} exceeds api_max_tenant_calls = "
+                                                f"{cfg.api_max_tenant_calls}"))
+    if cfg.api_max_concurrent_rpcs < cfg.api_workers:
+        out.append(("api_max_concurrent_rpcs", f"{cfg.api_max_concurrent_rpcs} is below api_workers = {cfg.api_workers}"))
     return out
 
 

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
-from controlplane.domain.errors import ValidationError
+from controlplane.domain.errors import ValidationError, clip
 from controlplane.domain.ids import DeploymentId, PoolId, TenantId, id_problem
 from controlplane.domain.profiles import PROFILES
 from controlplane.domain.tenants import Deployment, Engine, ScalingPolicy, Slo, Tenant
@@ -79,7 +79,7 @@ def deployment_of(d: DeploymentBase, where: str) -> Deployment:
     the domain (``ValidationError``) with the field path in the message."""
     profile = PROFILES.get(d.model)
     if profile is None:
-        raise ValidationError(f"{where}.model", f"unknown model profile {d.model!r} (known: {', '.join(sorted(PROFILES))})")
+        raise ValidationError(f"{where}.model", f"unknown model profile {clip(d.model)} (known: {', '.join(sorted(PROFILES))})")
     try:
         return Deployment(
             id=DeploymentId(d.id), tenant=TenantId(d.tenant), engine=Engine(d.engine), model=d.model,

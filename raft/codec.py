@@ -73,7 +73,7 @@ __all__ = [
 CODEC_VERSION = 2
 """Version of the wire format. Bump it on any incompatible change (and keep a reader for the old one
 once a release has data to upgrade)."""
-WRITTEN_FOR_COMMAND_VERSION = 3
+WRITTEN_FOR_COMMAND_VERSION = 4
 """The ``COMMAND_VERSION`` the tables below describe; import fails if the commands moved on."""
 MAX_PAYLOAD_BYTES = 16 * 1024 * 1024
 """Largest payload :func:`decode` reads and :func:`encode` writes (commands and snapshots alike)."""
@@ -249,7 +249,7 @@ def _from_validation(exc: ValidationError) -> _Bad:
 class _Struct:
     """Encoder and decoder of one frozen dataclass from an explicit ``(field, enc, dec)`` table."""
 
-    def __init__(self, cls: type[Any], *table: tuple[str, Codec, Codec]) -> None:
+    def __init__(self, cls: type[Any], *table: tuple[str, Codec, Codec], omit_zero: tuple[str, ...] = ()) -> None:
         names = tuple(name for name, _, _ in table)
         expected = tuple(f.name for f in dataclasses.fields(cls))
         if names != expected:
@@ -257,6 +257,9 @@ class _Struct:
         self.cls = cls
         self.name = cls.__name__
         self.names = frozenset(names)
+        self.omit_zero = frozenset(omit_zero)
+        """Integer fields added later with default 0: left out when 0 (the bytes of every older
+        command stay the same) and read as 0 when absent (older journals stay readable)."""
         self.encoders = tuple((name, enc) for name, enc, _ in table)
         self.decoders = tuple((name, dec) for name, _, dec in table)
         getter = attrgetter(*names)
@@ -272,6 +275,8 @@ class _Struct:
                 out[name] = enc(value)
             except _Bad as exc:
                 raise exc.at(name) from None
+            if name in self.omit_zero and out[name] == 0:
+                del out[name]
         if self.validate is not None:  # refuse what decode would refuse: no undecodable log entries
             try:
                 self.validate(v)
@@ -282,12 +287,12 @@ class _Struct:
     def dec(self, raw: Any) -> Any:
         if type(raw) is not dict:
             raise _Bad(f"expected an object, got {_kind(raw)}")
-        if raw.keys() != self.names:
+        if raw.keys() != self.names and not (raw.keys() <= self.names and self.names - raw.keys() <= self.omit_zero):
             raise _key_problem(raw, self.names)
         args = []
         for name, dec in self.decoders:
             try:
-                args.append(dec(raw[name]))
+                args.append(dec(raw[name]) if name in raw else 0)
             except _Bad as exc:
                 raise exc.at(name) from None
         try:
@@ -412,14 +417,15 @@ COMMAND_TABLES: dict[type[Any], _Struct | None] = {
     c.PutTenant: _Struct(c.PutTenant, _t("tenant", _nested(TENANT)), _t("expect_version", _INT), _t("at_ms", _INT)),
     c.RemoveTenant: _Struct(c.RemoveTenant, _t("tenant_id", _STR), _t("expect_version", _INT)),
     c.PutDeployment: _Struct(
-        c.PutDeployment, _t("deployment", _nested(DEPLOYMENT)), _t("expect_version", _INT), _t("at_ms", _INT)
+        c.PutDeployment, _t("deployment", _nested(DEPLOYMENT)), _t("expect_version", _INT), _t("at_ms", _INT),
+        _t("max_per_tenant", _INT), omit_zero=("max_per_tenant",),
     ),
     c.RemoveDeployment: _Struct(c.RemoveDeployment, _t("deployment_id", _STR), _t("expect_version", _INT)),
     c.PutCluster: _Struct(c.PutCluster, _t("cluster", _nested(CLUSTER)), _t("expect_version", _INT), _t("at_ms", _INT)),
     c.RemoveCluster: _Struct(c.RemoveCluster, _t("cluster_id", _STR), _t("expect_version", _INT)),
     c.PutZone: _Struct(c.PutZone, _t("zone", _nested(ZONE)), _t("expect_version", _INT), _t("at_ms", _INT)),
     c.RemoveZone: _Struct(c.RemoveZone, _t("zone_id", _STR), _t("expect_version", _INT)),
-    c.PutToken: _Struct(c.PutToken, _t("token", _nested(TOKEN))),
+    c.PutToken: _Struct(c.PutToken, _t("token", _nested(TOKEN)), _t("max_per_tenant", _INT), omit_zero=("max_per_tenant",)),
     c.RemoveToken: _Struct(c.RemoveToken, _t("token_id", _STR)),
     c.SetDesired: _Struct(
         c.SetDesired, _t("deployment_id", _STR), _t("replicas", _INT), _t("warm_pool", _INT), _t("reason", _STR),

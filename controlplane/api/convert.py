@@ -22,6 +22,7 @@ from typing import Any
 import pydantic
 from pydantic import BaseModel
 
+from controlplane.api.limits import clip_path
 from controlplane.api.v1 import api_pb2
 from controlplane.domain.errors import ValidationError
 from controlplane.domain.ids import id_problem
@@ -48,7 +49,8 @@ class InvalidArgument(Exception):
     """The request is invalid; ``violations`` are ``(field, problem)`` pairs in request order."""
 
     def __init__(self, violations: Iterable[tuple[str, str]]) -> None:
-        self.violations = list(violations)[:MAX_VIOLATIONS] or [("", "invalid request")]
+        # a field path may hold map keys the client chose: clipped like every echoed value
+        self.violations = [(clip_path(f), p) for f, p in list(violations)[:MAX_VIOLATIONS]] or [("", "invalid request")]
         super().__init__(self.message)
 
     @property

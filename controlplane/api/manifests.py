@@ -22,6 +22,11 @@ The spec models are the ones the API server validates with (:mod:`controlplane.s
 the domain constructors, so the client refuses exactly what the server would refuse.
 ``status`` and the output-only ``metadata.createdMs`` / ``metadata.updatedMs`` are accepted and
 ignored, so ``tenantctl get ... -o yaml`` output can be applied again.
+
+Size caps (docs/tenantctl.md "Limits"): a file (or stdin) over :data:`MAX_MANIFEST_BYTES` is refused
+before it is parsed, and a YAML document whose aliases would expand it beyond
+:data:`MAX_MANIFEST_NODES` nodes (a "billion laughs"), or that nests too deeply, is refused before it
+is built: a one-line problem each, never a traceback, never minutes of CPU.
 """
 
 from __future__ import annotations
@@ -57,6 +62,12 @@ KINDS = ("Zone", "Cluster", "Tenant", "Deployment")
 ENVELOPE_FIELDS = frozenset({"apiVersion", "kind", "metadata", "spec", "status"})
 METADATA_FIELDS = frozenset({"name", "resourceVersion", "createdMs", "updatedMs"})
 MAX_PROBLEMS = 20
+MAX_MANIFEST_BYTES = 1 << 20
+"""Largest manifest file (or stdin) read: 1 MiB holds thousands of objects (one is ~300 bytes)."""
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+"""libyaml's parser when PyYAML has it: the pure-Python one takes ~10 s of CPU per MiB."""
+MAX_MANIFEST_NODES = 100_000
+"""Most YAML nodes one document may stand for, every use of an alias counted in full."""
 
 
 class ManifestError(Exception):
@@ -121,8 +132,17 @@ def load_files(paths: Iterable[str], stdin_text: str | None = None) -> list[Mani
         name = "<stdin>" if path == "-" else path
         if path == "-":
             text = stdin_text or ""
+            if len(text.encode("utf-8", "replace")) > MAX_MANIFEST_BYTES:
+                problems.append(f"<stdin>: more than {MAX_MANIFEST_BYTES} bytes: larger than a manifest may be "
+                                "(split it into several files)")
+                continue
         else:
             try:
+                size = Path(path).stat().st_size
+                if size > MAX_MANIFEST_BYTES:
+                    problems.append(f"{path}: {size} bytes: larger than the {MAX_MANIFEST_BYTES}-byte limit of a "
+                                    "manifest (split it into several files)")
+                    continue
                 text = Path(path).read_text(encoding="utf-8")
             except OSError as exc:
                 problems.append(f"{path}: cannot read: {exc.strerror or exc}")
@@ -176,17 +196,22 @@ def _json_docs(text: str, source: str) -> list[_Doc]:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ManifestError([f"{source}:{exc.lineno}: not valid JSON: {exc.msg} (column {exc.colno})"]) from None
+    except RecursionError:
+        raise ManifestError([f"{source}: not valid JSON: nested too deeply"]) from None
     return [_Doc(data, None, 0)]
 
 
 def _yaml_docs(text: str, source: str) -> list[_Doc]:
-    loader = yaml.SafeLoader(text)
+    loader = _LOADER(text)
     docs: list[_Doc] = []
     try:
         while loader.check_node():
             node = loader.get_node()
             if node is None:
                 continue
+            if _expanded_nodes(node, MAX_MANIFEST_NODES) is None:
+                raise ManifestError([f"{source}:{node.start_mark.line + 1}: refused: the document's aliases expand "
+                                     f"it beyond {MAX_MANIFEST_NODES} nodes, or refer to themselves"])
             dup = _duplicate_key(node)
             if dup:
                 raise ManifestError([f"{source}:{dup[0]}: not valid YAML: duplicate key {dup[1]!r}"])
@@ -196,9 +221,44 @@ def _yaml_docs(text: str, source: str) -> list[_Doc]:
         where = f":{mark.line + 1}" if mark is not None else ""
         problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
         raise ManifestError([f"{source}{where}: not valid YAML: {problem}"]) from None
+    except RecursionError:
+        raise ManifestError([f"{source}: not valid YAML: nested too deeply"]) from None
     finally:
         loader.dispose()
     return docs
+
+
+def _children(n: yaml.Node) -> list[yaml.Node]:
+    if isinstance(n, yaml.MappingNode):
+        return [x for kv in n.value for x in kv]
+    if isinstance(n, yaml.SequenceNode):
+        return list(n.value)
+    return []
+
+
+def _expanded_nodes(root: yaml.Node, limit: int) -> int | None:
+    """How many nodes ``root`` stands for with every alias expanded (without expanding them: each
+    shared node is sized once); None beyond ``limit`` or for an alias cycle."""
+    sizes: dict[int, int] = {}
+    path: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        n, done = stack.pop()
+        if done:
+            path.discard(id(n))
+            total = 1 + sum(sizes[id(k)] for k in _children(n))
+            if total > limit:
+                return None
+            sizes[id(n)] = total
+            continue
+        if id(n) in sizes:
+            continue
+        if id(n) in path:
+            return None
+        path.add(id(n))
+        stack.append((n, True))
+        stack.extend((k, False) for k in _children(n) if id(k) not in sizes)
+    return sizes[id(root)]
 
 
 def _duplicate_key(node: yaml.Node) -> tuple[int, str] | None:

@@ -22,8 +22,12 @@ How a call is served (the proto header is the contract):
 * **Errors** never carry a traceback: every servicer method runs inside :func:`_guarded`, which maps
   the known failures and answers anything unexpected with INTERNAL (logged here, with the method).
   INVALID_ARGUMENT carries ``google.rpc.BadRequest`` details with one field violation per problem.
-* **Watch** streams hold one worker thread each; at most :data:`MAX_WATCHES` run at a time
-  (RESOURCE_EXHAUSTED beyond). A watch ends when the client goes away, when the server stops, or
+* **Limits** (:mod:`controlplane.api.limits`, docs/api.md "Limits"): watches (``once`` ones
+  included) and other calls in flight per tenant and in total, with a reserve for admins; request,
+  string, map and command sizes; deployments and tokens per tenant (in the replicated apply). A
+  limit reached is RESOURCE_EXHAUSTED naming the limit and its value (``cp-limit`` trailing metadata:
+  its configuration field). No error repeats more than a short prefix of a client's value.
+* **Watch** streams hold one worker thread each. A watch ends when the client goes away, when the server stops, or
   when it falls behind the retained event log (OUT_OF_RANGE: list again, then watch).
 * **Explain / DryRun** need the lease holder's live view (its latest evaluation and filtered
   signals); another coordinator forwards the call to the holder's API with the caller's token (one
@@ -45,11 +49,11 @@ from typing import Any, Protocol
 
 import grpc
 import structlog
-from google.rpc import error_details_pb2, status_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from controlplane.api import convert as cv
+from controlplane.api import limits as lim
 from controlplane.api.admin import Membership, NodeStatus, to_proto
 from controlplane.api.auth import (
     Authenticator,
@@ -68,13 +72,14 @@ from controlplane.domain.errors import (
     CommitTimeout,
     ControlPlaneError,
     LeadershipLost,
+    LimitExceeded,
     NotLeader,
     PermanentError,
     QueueFull,
     Unavailable,
     ValidationError,
 )
-from controlplane.domain.state import ApplyResult, ControlState
+from controlplane.domain.state import ApplyResult, ControlState, check_limit
 from controlplane.domain.tenants import Deployment
 from controlplane.domain.tokens import MAX_DESCRIPTION, Role, TokenRecord
 from controlplane.domain.topology import Zone
@@ -85,12 +90,8 @@ from raft import codec
 
 log = structlog.get_logger("controlplane.api")
 
-MAX_WORKERS = 32
-"""Threads serving RPCs of one coordinator."""
-MAX_CONCURRENT_RPCS = 128
-"""Calls accepted at once (queued beyond the worker threads); more get RESOURCE_EXHAUSTED."""
 MAX_WATCHES = 16
-"""Watch streams served at once (each holds a worker thread)."""
+"""Default of ``api_max_watches``: watch streams served at once (each holds a worker thread)."""
 BOOKMARK_EVERY_S = 5.0
 WATCH_POLL_S = 0.5
 """Longest a watch waits before checking that its client and the server are still there."""
@@ -103,6 +104,8 @@ RMW_ATTEMPTS = 4
 DEFAULT_EXPLAIN_LIMIT = 20
 MAX_EXPLAIN_LIMIT = 200
 MAX_TTL_S = 10 * 365 * 24 * 3600
+HEAVY_WAIT_S = 10.0
+"""Longest a watch waits for its turn to read the event log (``api_heavy_concurrency``)."""
 FORWARDED = "cp-forwarded"
 """Metadata on a call one coordinator forwards to another (never forwarded again)."""
 WATCH_KINDS = ("Tenant", "Deployment", "Cluster", "Zone", "Instance", "Decision")
@@ -167,7 +170,13 @@ class ApiError(Exception):
 
 
 def not_found(kind: str, ident: str) -> ApiError:
-    return ApiError(grpc.StatusCode.NOT_FOUND, f"{kind} {ident!r} not found")
+    return ApiError(grpc.StatusCode.NOT_FOUND, f"{kind} {lim.clip(ident)} not found")
+
+
+def already_exists(kind: str, ident: str) -> ApiError:
+    """The answer for a create whose name exists: worded as the state machine's ``AlreadyExists``, so
+    a name taken by another tenant reads exactly like one's own (see docs/security.md "Names")."""
+    return ApiError(grpc.StatusCode.ALREADY_EXISTS, f"{kind} {ident!r} already exists")
 
 
 def permission_denied(what: str) -> ApiError:
@@ -184,14 +193,17 @@ _CODE_OF_RESULT = {
     "version_mismatch": (grpc.StatusCode.FAILED_PRECONDITION, (("cp-error", "version-mismatch"),)),
     "conflict": (grpc.StatusCode.FAILED_PRECONDITION, (("cp-error", "conflict"),)),
     "invalid": (grpc.StatusCode.INVALID_ARGUMENT, ()),
+    "limit": (grpc.StatusCode.RESOURCE_EXHAUSTED, ()),
     "malformed": (grpc.StatusCode.INVALID_ARGUMENT, ()),
 }
 
 
-def rejection_error(result: ApplyResult) -> ApiError:
+def rejection_error(result: ApplyResult, limit: str | None = None) -> ApiError:
     """The status for a command the state machine rejected."""
     code, trailing = _CODE_OF_RESULT.get(getattr(result, "code", ""), (grpc.StatusCode.FAILED_PRECONDITION, ()))
     message = result.error or "rejected"
+    if limit is not None and code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+        message, trailing = f"{message} ({limit})", ((lim.LIMIT_KEY, limit),)
     violations: list[tuple[str, str]] = []
     if code is grpc.StatusCode.INVALID_ARGUMENT:
         head, sep, tail = message.partition(": ")
@@ -244,14 +256,7 @@ def error_of(exc: BaseException, leader_hint: str | None = None) -> ApiError:
 
 
 def _abort(context: grpc.ServicerContext, err: ApiError) -> None:
-    trailing: list[tuple[str, str | bytes]] = list(err.trailing)
-    if err.violations:
-        status = status_pb2.Status(code=err.code.value[0], message=err.message)
-        status.details.add().Pack(error_details_pb2.BadRequest(field_violations=[
-            error_details_pb2.BadRequest.FieldViolation(field=f, description=p) for f, p in err.violations]))
-        trailing.append(("grpc-status-details-bin", status.SerializeToString()))
-    context.set_trailing_metadata(tuple(trailing))
-    context.abort(err.code, err.message)
+    lim.abort(context, err.code, err.message, err.trailing, err.violations)
 
 
 def _failure(exc: Exception, method: str) -> ApiError:
@@ -314,9 +319,8 @@ class ApiCore:
         self.now_ms = now_ms
         self.auth = Authenticator(lambda: getattr(self.node.state_copy(), "tokens", {}), now_ms, self.caught_up)
         self.stopping = threading.Event()
-        self._watch_lock = threading.Lock()
-        self.active_watches = 0
-        """Live watch streams being served now (at most :data:`MAX_WATCHES`)."""
+        self.gate = lim.Gate(lim.CallLimits.of(cfg), cfg.node_id)
+        """In-flight watches and calls per tenant (applied by :class:`~controlplane.api.limits.LimitsInterceptor`)."""
         self._channels: dict[str, grpc.Channel] = {}
         self._channels_lock = threading.Lock()
 
@@ -342,21 +346,60 @@ class ApiCore:
         self._submit(c.Batch(()), context)
 
     # writes -----------------------------------------------------------------------------------------------
-    def commit(self, cmd: c.Command, context: grpc.ServicerContext | None = None) -> ApplyResult:
-        """Commit one command; its result, or the mapped :class:`ApiError` when rejected/failed."""
+    def commit(self, cmd: c.Command, context: grpc.ServicerContext | None = None, *,
+               limit: str | None = None) -> ApplyResult:
+        """Commit one command; its result, or the mapped :class:`ApiError` when rejected/failed
+        (``limit``: the configuration field named when the command's per-tenant limit is hit)."""
         result = self._submit(c.Batch((cmd,)), context)
         one = result.results[0] if result.results else result
         if not one.ok:
-            raise rejection_error(one)
+            raise rejection_error(one, limit)
         return one
+
+    @property
+    def active_watches(self) -> int:
+        """Watch streams (``once`` ones included) being served now."""
+        return self.gate.in_flight("watch")
+
+    def reachable(self) -> None:
+        """Refuse a write this node knows it cannot commit (UNAVAILABLE, nothing submitted): it is
+        connected to less than a majority of the members, or a follower not connected to the leader.
+        pysyncobj would otherwise queue it for a leader it cannot reach, and the caller would only
+        learn "unknown outcome" at the deadline (a node connected to no one never even starts an
+        election, so it keeps its last leader)."""
+        st = self.node.status()
+        peers = tuple(getattr(st, "peers", ()) or ())
+        if not peers:
+            return
+        members, up = len(peers) + 1, dict(peers)
+        connected = sum(1 for ok in up.values() if ok)
+        hint = self.node.leader_api_address()
+        trailing = (("leader-hint", hint),) if hint else ()
+        if 2 * (connected + 1) <= members:
+            raise ApiError(grpc.StatusCode.UNAVAILABLE,
+                           f"{self.cfg.node_id} is cut off from the group (connected to {connected} of its "
+                           f"{members - 1} peers; a write needs {members // 2 + 1} of {members} members): "
+                           "not submitted, call another coordinator", trailing)
+        leader = st.leader_id
+        if leader and leader != self.cfg.node_id and leader in up and not up[leader]:
+            raise ApiError(grpc.StatusCode.UNAVAILABLE,
+                           f"{self.cfg.node_id} is not connected to the leader {leader}: not submitted, retry "
+                           "or call another coordinator", trailing)
 
     def _submit(self, batch: c.Batch, context: grpc.ServicerContext | None) -> ApplyResult:
         timeout = self.cfg.commit_timeout_ms / 1000
         remaining = context.time_remaining() if context is not None else None
         if remaining is not None:
             timeout = max(0.05, min(timeout, remaining))
+        payload = codec.encode(batch)
+        if len(payload) > self.cfg.api_max_command_bytes:
+            raise ApiError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                           f"the write encodes to {len(payload)} bytes: at most {self.cfg.api_max_command_bytes} "
+                           "per replicated command (api_max_command_bytes)",
+                           ((lim.LIMIT_KEY, "api_max_command_bytes"),))
+        self.reachable()
         try:
-            result = self.node.submit(codec.encode(batch), timeout_s=timeout)
+            result = self.node.submit(payload, timeout_s=timeout)
         except ControlPlaneError as exc:
             raise error_of(exc, self.node.leader_api_address()) from None
         if not isinstance(result, ApplyResult):
@@ -365,7 +408,7 @@ class ApiCore:
         return result
 
     def update(self, context: grpc.ServicerContext, make: Callable[[ControlState], c.Command | None], *,
-               retry: bool) -> ApplyResult | None:
+               retry: bool, limit: str | None = None) -> ApplyResult | None:
         """Read-modify-write: ``make(state)`` returns the command to commit (None: nothing to do),
         conditional on the version it read (see :meth:`expect`). With ``retry`` (the client named no
         version) a write that lost a race (version mismatch, or created meanwhile) is rebuilt from a
@@ -375,7 +418,7 @@ class ApiCore:
             if cmd is None:
                 return None
             try:
-                return self.commit(cmd, context)
+                return self.commit(cmd, context, limit=limit)
             except ApiError as err:
                 raced = err.cp_error == "version-mismatch" or err.code is grpc.StatusCode.ALREADY_EXISTS
                 if not retry or not raced or attempt == RMW_ATTEMPTS - 1:
@@ -391,18 +434,6 @@ class ApiCore:
         if not exists:
             return c.MUST_NOT_EXIST
         return current_rv if current_rv else c.ANY_VERSION
-
-    # watches ------------------------------------------------------------------------------------------------
-    def enter_watch(self) -> bool:
-        with self._watch_lock:
-            if self.active_watches >= MAX_WATCHES:
-                return False
-            self.active_watches += 1
-            return True
-
-    def leave_watch(self) -> None:
-        with self._watch_lock:
-            self.active_watches -= 1
 
     # forwarding to the lease holder -----------------------------------------------------------------------
     def holds_lease(self) -> bool:
@@ -467,6 +498,19 @@ class ApiCore:
             for ch in self._channels.values():
                 ch.close()
             self._channels.clear()
+
+
+def without_deployment(state: ControlState, deployment_id: str) -> ControlState:
+    """A copy of ``state`` in which ``deployment_id`` never existed (its instances, desired count,
+    memory and metadata gone; the GPUs its instances hold still count as used: capacity is shared)."""
+    def drop(table: dict[Any, Any]) -> dict[Any, Any]:
+        return {k: v for k, v in table.items() if k != deployment_id}
+
+    return dataclasses.replace(
+        state, deployments=drop(state.deployments), desired=drop(state.desired), memory=drop(state.memory),
+        by_deployment=drop(state.by_deployment),
+        instances={k: i for k, i in state.instances.items() if i.deployment != deployment_id},
+        meta={k: m for k, m in state.meta.items() if k != f"deployment/{deployment_id}"})
 
 
 def _meta(state: ControlState, kind: str, ident: str) -> int:
@@ -562,11 +606,24 @@ class DeploymentsServicer(api_pb2_grpc.DeploymentsServicer):
         if request.create_only and rv:
             raise cv.invalid("metadata.resource_version", "must be 0 (unset) with create_only")
 
+        cap = self.core.cfg.api_max_deployments_per_tenant
+
         def make(state: ControlState) -> c.Command | None:
             existing = state.deployments.get(d.id)
             current = _meta(state, "deployment", d.id)
-            if existing is not None and not p.sees_tenant(existing.tenant):
-                raise ApiError(grpc.StatusCode.ALREADY_EXISTS, f"deployment name {d.id!r} is taken")
+            hidden = existing is not None and not p.sees_tenant(existing.tenant)
+            if (existing is None or hidden) and rv > 0:
+                raise not_found("deployment", d.id)
+            if hidden:
+                # Another tenant's name (ids are global): answered as a create of an existing name
+                # is, after the limit check a free name would get (docs/security.md "Names").
+                try:
+                    check_limit(cap, "deployments", d.tenant,
+                                lambda: sum(1 for x in state.deployments.values() if x.tenant == d.tenant), creates=True)
+                except LimitExceeded as exc:
+                    raise ApiError(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{exc} (api_max_deployments_per_tenant)",
+                                   ((lim.LIMIT_KEY, "api_max_deployments_per_tenant"),)) from None
+                raise already_exists("deployment", d.id)
             if existing is not None and existing.deleting:
                 raise ApiError(grpc.StatusCode.FAILED_PRECONDITION,
                                f"deployment {d.id!r} is being deleted; apply it again once it is gone",
@@ -576,9 +633,10 @@ class DeploymentsServicer(api_pb2_grpc.DeploymentsServicer):
             created = existing.created_ms if existing is not None else self.core.now_ms()
             new = dataclasses.replace(d, created_ms=created)
             expect = c.MUST_NOT_EXIST if request.create_only else self.core.expect(rv, current, existing is not None)
-            return c.PutDeployment(new, expect, self.core.now_ms())
+            return c.PutDeployment(new, expect, self.core.now_ms(), cap)
 
-        self.core.update(context, make, retry=rv == 0 and not request.create_only)
+        self.core.update(context, make, retry=rv == 0 and not request.create_only,
+                         limit="api_max_deployments_per_tenant")
         state, _ = self.core.read(context)
         got = state.deployments.get(d.id)
         if got is None:
@@ -906,7 +964,7 @@ class ScalingServicer(api_pb2_grpc.ScalingServicer):
         p = self.core.auth.principal(context)
         for i, kind in enumerate(request.kinds):
             if kind not in WATCH_KINDS:
-                raise cv.invalid(f"kinds[{i}]", f"unknown kind {kind!r} (one of {', '.join(WATCH_KINDS)})")
+                raise cv.invalid(f"kinds[{i}]", f"unknown kind {lim.clip(kind)} (one of {', '.join(WATCH_KINDS)})")
         if request.tenant:
             cv.check_name(request.tenant, "tenant")
         if request.deployment:
@@ -916,26 +974,32 @@ class ScalingServicer(api_pb2_grpc.ScalingServicer):
         events = self._events()
         match = event_filter(p, request)
         me = self.core.cfg.node_id
+        # The watch limits (per tenant and in total, once-watches included) are applied by
+        # limits.LimitsInterceptor before this runs.
         if request.once:
             yield from self._once(events, request, match, me)
             return
-        if not self.core.enter_watch():
-            raise ApiError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                           f"too many watches on {me} (at most {MAX_WATCHES}); try another coordinator")
-        try:
-            yield from self._live(events, request, match, context, me)
-        finally:
-            self.core.leave_watch()
+        yield from self._live(events, request, match, context, me)
 
-    def _page(self, events: Any, cursor: int, match: Callable[[Any], bool]) -> tuple[list[Any], int]:
-        """Events after ``cursor`` (one page) and the new cursor."""
+    def _page(self, events: Any, cursor: int, match: Callable[[Any], bool], me: str = "") -> tuple[list[Any], int]:
+        """Events after ``cursor`` (one page, as messages) and the new cursor. Reading, filtering and
+        converting the log is the CPU-bound part of a watch: at most ``api_heavy_concurrency``
+        threads do it at once (the others wait without holding the interpreter lock)."""
         last = events.last_revision
+        heavy = self.core.gate.heavy
+        if not heavy.acquire(timeout=HEAVY_WAIT_S):
+            raise ApiError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                           f"the event log is busy on {self.core.cfg.node_id}: more than api_heavy_concurrency = "
+                           f"{self.core.cfg.api_heavy_concurrency} readers for {HEAVY_WAIT_S:.0f} s; retry",
+                           ((lim.LIMIT_KEY, "api_heavy_concurrency"),))
         try:
-            page = events.since(cursor, match, WATCH_PAGE)
+            page = [_event_to_proto(ev, me) for ev in events.since(cursor, match, WATCH_PAGE)]
         except EventsCompacted as exc:
             raise ApiError(grpc.StatusCode.OUT_OF_RANGE,
                            f"since_revision {cursor} is no longer retained here (events are kept after revision "
                            f"{exc.oldest}); list again, then watch without since_revision") from None
+        finally:
+            heavy.release()
         if len(page) >= WATCH_PAGE:
             return page, page[-1].revision
         return page, max(last, page[-1].revision if page else cursor)
@@ -943,9 +1007,8 @@ class ScalingServicer(api_pb2_grpc.ScalingServicer):
     def _once(self, events: Any, request: api_pb2.WatchRequest, match: Callable[[Any], bool], me: str) -> Iterator[api_pb2.Event]:
         cursor = request.since_revision if request.HasField("since_revision") else events.first_revision
         while True:
-            page, cursor = self._page(events, cursor, match)
-            for ev in page:
-                yield _event_to_proto(ev, me)
+            page, cursor = self._page(events, cursor, match, me)
+            yield from page
             if len(page) < WATCH_PAGE:
                 break
         yield api_pb2.Event(revision=cursor, type="BOOKMARK", served_by=me)
@@ -956,13 +1019,12 @@ class ScalingServicer(api_pb2_grpc.ScalingServicer):
         # waits here until this replica has caught up.
         cursor = request.since_revision if request.HasField("since_revision") else events.last_revision
         if cursor < events.first_revision:
-            self._page(events, cursor, match)  # raises OUT_OF_RANGE before anything is sent
+            self._page(events, cursor, match, me)  # raises OUT_OF_RANGE before anything is sent
         yield api_pb2.Event(revision=cursor, type="BOOKMARK", served_by=me)
         next_bookmark = time.monotonic() + BOOKMARK_EVERY_S
         while context.is_active() and not self.core.stopping.is_set():
-            page, new_cursor = self._page(events, cursor, match)
-            for ev in page:
-                yield _event_to_proto(ev, me)
+            page, new_cursor = self._page(events, cursor, match, me)
+            yield from page
             cursor = new_cursor
             if len(page) >= WATCH_PAGE:
                 continue
@@ -981,12 +1043,14 @@ class ScalingServicer(api_pb2_grpc.ScalingServicer):
         state = self.core.node.state_copy()
         existing = state.deployments.get(d.id)
         if existing is not None and not p.sees_tenant(existing.tenant):
-            raise ApiError(grpc.StatusCode.ALREADY_EXISTS, f"deployment name {d.id!r} is taken")
+            # Another tenant's name: answered exactly as a free name (docs/security.md "Names"): as if
+            # that deployment, its instances and its scaling memory were not there.
+            state, existing = without_deployment(state, d.id), None
         if d.tenant not in state.tenants:
             raise not_found("tenant", d.tenant)
         signals = None
         live = False
-        if self.core.holds_lease():
+        if self.core.holds_lease() and existing is not None:
             signals = self.core.holder.signals_of(d.id) if self.core.holder is not None else None
             live = signals is not None
         elif existing is not None:
@@ -1023,7 +1087,7 @@ class TokensServicer(api_pb2_grpc.TokensServicer):
         roles = {r.value: r for r in Role}
         role = roles.get(request.role)
         if role is None:
-            problems.append(("role", f"must be one of {', '.join(sorted(roles))}, got {request.role!r}"))
+            problems.append(("role", f"must be one of {', '.join(sorted(roles))}, got {lim.clip(request.role)}"))
         if role is Role.TENANT:
             try:
                 cv.check_name(request.tenant, "tenant")
@@ -1042,7 +1106,8 @@ class TokensServicer(api_pb2_grpc.TokensServicer):
         now = self.core.now_ms()
         record = TokenRecord(token_id, sha, role, request.tenant if role is Role.TENANT else "", now,
                              now + request.ttl_seconds * 1000 if request.ttl_seconds else 0, request.description)
-        self.core.commit(c.PutToken(record), context)
+        self.core.commit(c.PutToken(record, self.core.cfg.api_max_tokens_per_tenant), context,
+                         limit="api_max_tokens_per_tenant")
         log.info("token_created", token_id=token_id, role=role.value, tenant=record.tenant, by=str(admin))
         return api_pb2.CreatedToken(info=cv.token_to_proto(record), token=token)
 
@@ -1060,6 +1125,8 @@ class TokensServicer(api_pb2_grpc.TokensServicer):
         admin = self.core.auth.admin(context)
         if not request.id:
             raise cv.invalid("id", "required")
+        if len(request.id) != 12 or any(ch not in "0123456789abcdef" for ch in request.id):
+            raise cv.invalid("id", f"must be a token id (12 lower-case hex digits), got {lim.clip(request.id)}")
         r = self.core.commit(c.RemoveToken(request.id), context)
         log.info("token_revoked", token_id=request.id, by=str(admin))
         return api_pb2.DeleteResponse(revision=r.revision)
@@ -1213,11 +1280,16 @@ def serve(cfg: CoordinatorConfig, node: NodeView, *, status: Callable[[], NodeSt
     services, Admin, grpc.health.v1 (per service) and reflection. Raises :class:`Unavailable` when
     the address cannot be bound."""
     core = ApiCore(cfg, node, holder, now_ms)
+    # The receive limit refuses an oversized request before it is parsed (RESOURCE_EXHAUSTED); replies
+    # (fleet-sized lists) keep the channel's larger send limit.
+    options = [(k, v) for k, v in channel_options() if k != "grpc.max_receive_message_length"]
+    options.append(("grpc.max_receive_message_length", cfg.api_max_request_bytes))
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="grpc"),
-        interceptors=(AuthInterceptor(core.auth), DecodeInterceptor()),
-        options=channel_options(),
-        maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
+        futures.ThreadPoolExecutor(max_workers=cfg.api_workers, thread_name_prefix="grpc"),
+        interceptors=(AuthInterceptor(core.auth), DecodeInterceptor(),
+                      lim.LimitsInterceptor(core.auth, core.gate, cfg.api_max_map_entries, cfg.api_max_string_bytes)),
+        options=options,
+        maximum_concurrent_rpcs=cfg.api_max_concurrent_rpcs,
     )
     api_pb2_grpc.add_TenantsServicer_to_server(TenantsServicer(core), server)
     api_pb2_grpc.add_DeploymentsServicer_to_server(DeploymentsServicer(core), server)

@@ -17,9 +17,9 @@ from controlplane.domain.tenants import Deployment, Tenant
 from controlplane.domain.tokens import TokenRecord
 from controlplane.domain.topology import Cluster, Zone
 
-COMMAND_VERSION = 3
-"""Bumped when a command's fields change incompatibly or a command kind is added (3: ``PutScaleMemories``);
-the codec refuses unknown versions."""
+COMMAND_VERSION = 4
+"""Bumped when a command's fields change incompatibly or a command kind is added (3: ``PutScaleMemories``;
+4: ``max_per_tenant`` of ``PutDeployment`` and ``PutToken``); the codec refuses unknown versions."""
 
 ANY_VERSION = -1
 """``expect_version`` for an unconditional write (the holder's bootstrap and internal writes)."""
@@ -55,6 +55,10 @@ class PutDeployment(Command):
     deployment: Deployment
     expect_version: int = ANY_VERSION
     at_ms: int = 0
+    max_per_tenant: int = 0
+    """A create (the id is not the tenant's yet) is rejected (``LimitExceeded``) when the tenant
+    already owns this many deployments; 0: no limit (the lease holder's own writes). Checked in the
+    replicated apply, so two concurrent creates through different coordinators cannot both pass."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +108,8 @@ class PutToken(Command):
 
     kind: ClassVar[str] = "put_token"
     token: TokenRecord
+    max_per_tenant: int = 0
+    """Rejected (``LimitExceeded``) when the token's tenant already has this many; 0: no limit."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@
         +-- VersionMismatch(kind, id, expected, actual)  optimistic concurrency: resource_version moved on
         +-- StaleEpoch(got, highest)    a fenced command carried an epoch below the highest seen
         +-- Forbidden(what)             authenticated, but not allowed (cross-tenant access)
+        +-- LimitExceeded(what)         a per-tenant object limit is reached (delete something first)
 
 Library errors are translated into this tree at the boundary with ``raise ... from exc``. Inside the
 replicated state machine nothing is raised: ``apply`` returns a rejection value instead (it must be
@@ -26,6 +27,20 @@ total), built from these classes' messages.
 """
 
 from __future__ import annotations
+
+
+CLIP_CHARS = 40
+"""Most characters of a caller's value that an error message repeats."""
+
+
+def clip(value: object, limit: int = CLIP_CHARS) -> str:
+    """``value`` quoted for an error message, cut to ``limit`` characters (``'abc'...(+N chars)``):
+    the one way a value from a client, a file or a peer enters a message (an over-long echo would
+    overflow gRPC's 8 KiB metadata limit, or a terminal)."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}...(+{len(text) - limit} chars)"
 
 
 class ControlPlaneError(Exception):
@@ -139,3 +154,8 @@ class StaleEpoch(PermanentError):
 
 class Forbidden(PermanentError):
     """Authenticated, but not allowed to touch this object."""
+
+
+class LimitExceeded(PermanentError):
+    """Creating the object would exceed a per-tenant limit carried by the command (the API's
+    ``api_max_deployments_per_tenant`` / ``api_max_tokens_per_tenant``)."""

@@ -27,6 +27,7 @@ from controlplane.domain.errors import (
     Conflict,
     ControlPlaneError,
     IllegalTransition,
+    LimitExceeded,
     NotFound,
     ValidationError,
     VersionMismatch,
@@ -68,7 +69,7 @@ class ApplyResult:
     when rejected. A batch carries its last applied member's (0 when it applied none)."""
 
 
-CODES = ("", "invalid", "not_found", "already_exists", "conflict", "version_mismatch", "malformed", "unknown")
+CODES = ("", "invalid", "not_found", "already_exists", "conflict", "version_mismatch", "limit", "malformed", "unknown")
 """Values of :attr:`ApplyResult.code`: "malformed" is a command of the wrong shape (a proposer bug,
 a nested batch); "unknown" a rejection this table does not classify."""
 _CODE_OF: dict[type, str] = {
@@ -78,6 +79,7 @@ _CODE_OF: dict[type, str] = {
     AlreadyExists: "already_exists",
     Conflict: "conflict",
     VersionMismatch: "version_mismatch",
+    LimitExceeded: "limit",
 }
 
 
@@ -226,6 +228,16 @@ def _stamp(state: ControlState, kind: str, ident: str, at_ms: int) -> None:
     state.meta[key] = ObjectMeta(state.applied + 1, created, at_ms)
 
 
+def check_limit(limit: int, what: str, tenant: str, count: Callable[[], int], *, creates: bool) -> None:
+    """A command's per-tenant object limit (0: none), checked only when it creates an object."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise ValidationError("max_per_tenant", f"must be an integer >= 0, got {limit!r}")
+    if limit and creates:
+        n = count()
+        if n >= limit:
+            raise LimitExceeded(f"tenant {tenant!r} already has {n} {what}, the most allowed per tenant ({limit})")
+
+
 def _put_tenant(state: ControlState, cmd: c.PutTenant) -> tuple[Transitioned, ...]:
     t = cmd.tenant
     Tenant.__post_init__(t)  # re-validate: the command may come from the codec
@@ -256,6 +268,9 @@ def _put_deployment(state: ControlState, cmd: c.PutDeployment) -> tuple[Transiti
     if d.tenant not in state.tenants:
         raise NotFound("tenant", d.tenant)
     old = state.deployments.get(d.id)
+    check_limit(cmd.max_per_tenant, "deployments", d.tenant,
+                 lambda: sum(1 for x in state.deployments.values() if x.tenant == d.tenant),
+                 creates=old is None or old.tenant != d.tenant)
     _check_write(state, "deployment", d.id, old is not None, cmd.expect_version, delete=False)
     if old is None:
         if d.deleting:
@@ -339,6 +354,9 @@ def _put_token(state: ControlState, cmd: c.PutToken) -> tuple[Transitioned, ...]
         raise AlreadyExists("token", tok.id)
     if tok.role is Role.TENANT and tok.tenant not in state.tenants:
         raise NotFound("tenant", tok.tenant)
+    check_limit(cmd.max_per_tenant, "tokens", tok.tenant,
+                 lambda: sum(1 for x in state.tokens.values() if x.tenant == tok.tenant),
+                 creates=tok.role is Role.TENANT)
     state.tokens[tok.id] = tok
     return NO_TRANSITIONS
 

@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from controlplane.domain.errors import ValidationError
+from controlplane.domain.errors import ValidationError, clip
 from controlplane.domain.ids import DeploymentId, PoolId, TenantId, id_problem
 
 MAX_PRIORITY = 1_000_000
@@ -40,7 +40,7 @@ def check_range(field_name: str, value: float, lo: float, hi: float | None = Non
 
 def check_int(field_name: str, value: int, lo: int, hi: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValidationError(field_name, f"must be an integer, got {value!r}")
+        raise ValidationError(field_name, f"must be an integer, got {clip(value)}")
     check_range(field_name, value, lo, hi)
 
 
@@ -188,7 +188,7 @@ class Deployment:
         check_id("deployment.tenant", self.tenant)
         check_id("deployment.pool", self.pool)
         if not isinstance(self.engine, Engine):
-            raise ValidationError("deployment.engine", f"unknown engine {self.engine!r}")
+            raise ValidationError("deployment.engine", f"unknown engine {clip(self.engine)}")
         if not self.model:
             raise ValidationError("deployment.model", "must not be empty")
         check_int("deployment.gpus_per_instance", self.gpus_per_instance, 1, 64)

@@ -566,7 +566,8 @@ def _history_table(history: Sequence[api_pb2.Decision], indent: bool = False) ->
 
 
 def load_manifests(s: Session, files: Sequence[str]) -> list[mf.Manifest]:
-    stdin_text = s.stdin.read() if "-" in files else None
+    # one character past the cap is enough to refuse it (load_files names the limit)
+    stdin_text = s.stdin.read(mf.MAX_MANIFEST_BYTES + 1) if "-" in files else None
     try:
         return mf.load_files(files, stdin_text)
     except mf.ManifestError as exc:
