@@ -239,7 +239,9 @@ def _adapter(args: argparse.Namespace) -> int:
     gpus = _gpu_inventory() if cfg.nvml else None
     backend = build_backend(cfg)
     server = serve_adapter(cfg.cluster_id, cfg.listen, cfg.state_dir, backend,
-                           observe_interval_ms=cfg.observe_interval_ms, ring_s=cfg.ring_s, auth_token=auth_token, tls=tls)
+                           observe_interval_ms=cfg.observe_interval_ms, ring_s=cfg.ring_s, auth_token=auth_token, tls=tls,
+                           client_ca=cfg.client_ca(), fence_verifier=cfg.fence_verifier(),
+                           allowed_coordinators=cfg.tls.allowed_coordinators if cfg.tls is not None else None)
     stopped = _on_signals(lambda: server.stop(0.5))
     stopped.wait()
     if gpus is not None:
