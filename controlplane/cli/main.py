@@ -231,6 +231,8 @@ def _adapter(args: argparse.Namespace) -> int:
             field, problem = first_problem(exc)
             flag = {"cluster_id": "--cluster", "listen": "--listen", "state_dir": "--state-dir",
                     "auth_token_file": "--auth-token-file"}.get(field, "--record")
+            if field in ("tls", "tls.client_ca_file", "fence_public_key_files"):  # only --config can give these
+                flag, problem = "--listen", f"{field}: {problem}; give them in a --config file"
             raise ControlPlaneError(f"adapter: {flag}: {problem}") from None
         except ConfigError as exc:
             raise ControlPlaneError(f"adapter: --auth-token-file: {str(exc).split(': ', 1)[1]}") from None
