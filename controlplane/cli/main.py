@@ -127,6 +127,10 @@ def _parser() -> argparse.ArgumentParser:
     from controlplane.cli.health import add_arguments as add_health_arguments
 
     add_health_arguments(hc)
+    fk = sub.add_parser("fence-key", help="write a new Ed25519 fence key pair: the private key for the coordinators "
+                                          "(fence_key_file), the public one for the adapters (fence_public_key_files)")
+    fk.add_argument("--dir", required=True, metavar="DIR", help="where <name>-key.pem (0600) and <name>.pub.pem go")
+    fk.add_argument("--name", default="fence", help="file name prefix (default fence)")
     pr = sub.add_parser("probe", help="read one inference engine once through its driver and print the observation")
     pr.add_argument("--engine", required=True, choices=("vllm", "triton", "deepspeed-mii"))
     pr.add_argument("--url", required=True, metavar="URL", help="vLLM server, Triton HTTP port, or MII REST URL .../mii/NAME")
@@ -202,6 +206,9 @@ def _status(args: argparse.Namespace) -> int:
             print(f"{n['endpoint']:21} {n['node_id']:10} {n['zone']:6} {n['role']:9} term {n['term']:<4} "
                   f"leader {n['leader_id'] or '-':10} lease {lease['holder'] or '-'}@{lease['epoch']} "
                   f"({lease['remaining_ms']} ms left here) commit {n['commit_index']} applied {n['applied_index']}")
+            for f in n.get("fenced_clusters", []):
+                print(f"{'':21} fenced out: {f['cluster_id']} (its adapter holds epoch {f['adapter_epoch']}, above "
+                      f"{f['epoch']}; nothing is sent to it: docs/lease.md \"Recovery\")")
     return 0 if all(n["reachable"] for n in nodes) else 1
 
 
@@ -381,6 +388,21 @@ def _health(args: argparse.Namespace) -> int:
 
 
 _SERVICE_COMMANDS["health"] = _health
+
+
+def _fence_key(args: argparse.Namespace) -> int:
+    from controlplane.fencing import FenceSigner, make_fence_key
+
+    if not args.name or "/" in args.name:
+        raise ControlPlaneError(f"fence-key: --name: must be a plain file name prefix, got {args.name!r}")
+    files = make_fence_key(args.dir, args.name)
+    print(f"private key (coordinators' fence_key_file, keep secret): {files.private_key}")
+    print(f"public key (adapters' fence_public_key_files): {files.public_key}")
+    print(f"key id: {FenceSigner.from_file(files.private_key).key_id}")
+    return 0
+
+
+_SERVICE_COMMANDS["fence-key"] = _fence_key
 
 
 def _simulate(args: argparse.Namespace) -> int:
