@@ -20,10 +20,13 @@ batch to every open ``Observe`` stream. ``Recent`` returns the ring buffer: a ne
 it to rebuild its signal filters and to see lifecycle reports the previous holder may not have
 committed.
 
-**Authentication.** With a token (``auth_token_file`` in the configuration) every ``ClusterAdapter``
-call must carry ``authorization: Bearer <token>``; anything else is refused with UNAUTHENTICATED
-before the request is even parsed (:class:`BearerAuth`). Health and reflection stay open. Without a
-token the adapter listens only on a loopback address. With ``tls`` the server speaks TLS only.
+**Authentication.** Three layers (docs/security.md "The adapter channel"): mutual TLS where only
+coordinator certificates may call ``ClusterAdapter`` (``client_ca``, :mod:`adapters.identity`); a
+bearer token (``auth_token_file``: ``authorization: Bearer <token>``, refused with UNAUTHENTICATED
+before the request is parsed, :class:`BearerAuth`); and signed fencing tokens (``fence_verifier``,
+:mod:`controlplane.fencing`): an epoch no coordinator's fence key signed is refused with
+PERMISSION_DENIED and never persisted. Health and reflection stay open. Off loopback all three are
+required; on a loopback address each missing one is a warning line (development and tests).
 """
 
 from __future__ import annotations

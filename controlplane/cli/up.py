@@ -21,7 +21,9 @@ Everything lives under ``--dir`` (default: a fresh temporary folder), secured as
 
 Files holding a secret (tokens, keys, the coordinators' configurations with the Raft password, the
 tenantctl configuration) are mode 0600; ``up`` never prints a token. Ctrl-C or SIGTERM stops every
-child (SIGTERM, then SIGKILL after a grace period).
+child (SIGTERM, then SIGKILL after a grace period). ``up`` exits (and stops the adapters) only
+once no coordinator has run for ``GONE_GRACE_S``: a coordinator restarted by hand from its
+configuration here counts, since something listens on its addresses.
 """
 
 from __future__ import annotations
