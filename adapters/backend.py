@@ -42,6 +42,9 @@ class FenceToken:
     epoch: int
     seq: int
     holder: str
+    signature: bytes = b""
+    """Ed25519 signature of (epoch, holder) by a coordinators' fence key (``controlplane.fencing``)."""
+    key_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)

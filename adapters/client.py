@@ -8,8 +8,13 @@ batch arrived (the error is the one-way delay of the fastest recent batch, ~1 ms
 assumption that the two clocks agree.
 
 Security: both take ``token`` (sent as ``authorization: Bearer <token>`` on every call, the
-coordinator's ``adapter_token_file``) and ``ca_file`` (TLS to the adapters, verified against that
-CA). Channels come from :func:`controlplane.api.channel.open_channel`.
+coordinator's ``adapter_token_file``) and ``tls`` (:class:`AdapterTls`: mutual TLS to the adapters,
+the coordinator's client certificate ``controlplane://coordinator/<node_id>`` and the CA that
+signed the adapters' certificates; the coordinator's ``adapter_tls``). Without ``tls`` only
+loopback adapter addresses are reached (development); any other is refused with a
+``ValidationError`` naming ``adapter_tls``. Fencing tokens carry the signature of the
+coordinators' fence key (``controlplane.fencing``) when the loop has one. Channels come from
+:func:`controlplane.api.channel.open_channel`.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 import structlog
@@ -25,6 +32,7 @@ from adapters.service import STALE_EPOCH_METADATA
 from adapters.wire import observations_of
 from controlplane.api.channel import open_channel
 from controlplane.api.v1 import adapter_pb2, adapter_pb2_grpc
+from controlplane.config import is_loopback_address
 from controlplane.domain.errors import NotFound, StaleEpoch, Unavailable, ValidationError
 from controlplane.domain.ids import DeploymentId, InstanceId
 from controlplane.domain.observations import InstanceReport, InstanceSample, Observations
@@ -61,19 +69,45 @@ def _parse_stale(details: str) -> tuple[int, int]:
         return -1, -1
 
 
-def _channels(addresses: Mapping[str, str], token: str | None, ca_file: str | None) -> dict[str, grpc.Channel]:
-    return {cid: open_channel(addr, ca_file=ca_file, token=token) for cid, addr in addresses.items()}
+@dataclass(frozen=True, slots=True)
+class AdapterTls:
+    """The coordinator's side of the adapters' mutual TLS (PEM files)."""
+
+    ca_file: str | Path
+    cert_file: str | Path
+    key_file: str | Path
+    server_name: str | None = None
+
+
+def open_adapter_channel(address: str, token: str | None, tls: AdapterTls | None) -> grpc.Channel:
+    """A channel to one adapter: mutual TLS with ``tls``; plaintext only to a loopback address."""
+    if tls is None:
+        if not is_loopback_address(address):
+            raise ValidationError("adapter_tls", f"required to reach the adapter at {address}: it is not a loopback "
+                                                 "address, and adapter channels are mutual TLS")
+        return open_channel(address, token=token)
+    return open_channel(address, ca_file=tls.ca_file, cert_file=tls.cert_file, key_file=tls.key_file, token=token,
+                        server_name=tls.server_name)
+
+
+def _channels(addresses: Mapping[str, str], token: str | None, tls: AdapterTls | None) -> dict[str, grpc.Channel]:
+    return {cid: open_adapter_channel(addr, token, tls) for cid, addr in addresses.items()}
+
+
+def _fence_message(fence) -> adapter_pb2.FenceToken:
+    return adapter_pb2.FenceToken(epoch=fence.epoch, seq=fence.seq, holder=fence.holder,
+                                  signature=getattr(fence, "signature", b""), key_id=getattr(fence, "key_id", ""))
 
 
 class RemoteAdapter:
     """``ports.FencedAdapter`` over gRPC: one channel per cluster's adapter address. ``token`` and
-    ``ca_file``: see the module docstring (a bad one raises ``ValidationError`` naming it)."""
+    ``tls``: see the module docstring (a bad one raises ``ValidationError`` naming it)."""
 
     def __init__(self, addresses: Mapping[str, str], deadline_s: float = 0.5, *, token: str | None = None,
-                 ca_file: str | None = None) -> None:
-        self._token, self._ca_file = token, ca_file
+                 tls: AdapterTls | None = None) -> None:
+        self._token, self._tls = token, tls
         self._addresses = dict(addresses)
-        self._channels = _channels(addresses, token, ca_file)
+        self._channels = _channels(addresses, token, tls)
         self._stubs = {cid: adapter_pb2_grpc.ClusterAdapterStub(ch) for cid, ch in self._channels.items()}
         self._deadline_s = deadline_s
 
@@ -85,7 +119,7 @@ class RemoteAdapter:
         through the API). True when something changed. Called from the control loop's thread."""
         if self._addresses.get(cluster_id) == address:
             return False
-        channel = open_channel(address, ca_file=self._ca_file, token=self._token)
+        channel = open_adapter_channel(address, self._token, self._tls)
         old = self._channels.get(cluster_id)
         self._addresses[cluster_id] = address
         self._channels[cluster_id] = channel
@@ -105,7 +139,7 @@ class RemoteAdapter:
         return stub
 
     def fence(self, cluster_id: str, fence, now_ms: int) -> None:
-        token = adapter_pb2.FenceToken(epoch=fence.epoch, seq=fence.seq, holder=fence.holder)
+        token = _fence_message(fence)
         try:
             self._stub(cluster_id).Fence(adapter_pb2.FenceRequest(cluster_id=cluster_id, fence=token), timeout=self._deadline_s)
         except grpc.RpcError as exc:
@@ -116,7 +150,7 @@ class RemoteAdapter:
         been applied before."""
         request = adapter_pb2.ScaleRequest(
             cluster_id=cluster_id, request_id=request_id, deployment_id=deployment_id, replicas=replicas,
-            victims=victims, fence=adapter_pb2.FenceToken(epoch=fence.epoch, seq=fence.seq, holder=fence.holder))
+            victims=victims, fence=_fence_message(fence))
         try:
             return self._stub(cluster_id).Scale(request, timeout=self._deadline_s).applied
         except grpc.RpcError as exc:
@@ -128,7 +162,7 @@ class RemoteAdapter:
         request = adapter_pb2.ApplyRequest(
             cluster_id=cluster_id, request_id=command.request_id, action=command.action,
             drain_timeout_ms=max(0, command.deadline_ms - now_ms) if command.deadline_ms else 0,
-            fence=adapter_pb2.FenceToken(epoch=fence.epoch, seq=fence.seq, holder=fence.holder),
+            fence=_fence_message(fence),
             instance=adapter_pb2.InstanceRef(instance_id=inst.id, deployment_id=inst.deployment, tenant_id=inst.tenant,
                                              zone=inst.zone, pool=inst.pool, gpus=inst.gpus),
         )
@@ -171,7 +205,7 @@ class RemoteObservations:
     """
 
     def __init__(self, addresses: Mapping[str, str], clock_ms: Callable[[], int], *,
-                 reconnect_max_s: float = 2.0, token: str | None = None, ca_file: str | None = None,
+                 reconnect_max_s: float = 2.0, token: str | None = None, tls: AdapterTls | None = None,
                  on_pressure: Callable[[], None] | None = None) -> None:
         self._clock_ms = clock_ms
         self._on_pressure = on_pressure
@@ -179,10 +213,10 @@ class RemoteObservations:
         lifecycle reports. The coordinator wakes its control loop with it instead of waiting for the
         next periodic tick."""
         self._reconnect_max_s = reconnect_max_s
-        self._token, self._ca_file = token, ca_file
+        self._token, self._tls = token, tls
         self._addresses = dict(addresses)
         self._started = False
-        self._channels = _channels(addresses, token, ca_file)
+        self._channels = _channels(addresses, token, tls)
         self._stubs = {cid: adapter_pb2_grpc.ClusterAdapterStub(ch) for cid, ch in self._channels.items()}
         self._clocks = {cid: ClockMap() for cid in addresses}
         self._lock = threading.Lock()
@@ -215,7 +249,7 @@ class RemoteObservations:
         True when something changed."""
         if self._addresses.get(cluster_id) == address or self._stop.is_set():
             return False
-        channel = open_channel(address, ca_file=self._ca_file, token=self._token)
+        channel = open_adapter_channel(address, self._token, self._tls)
         with self._lock:
             old = self._channels.get(cluster_id)
             self._addresses[cluster_id] = address

@@ -13,11 +13,19 @@ epoch, how often it observes, and one backend section::
     simulated: {...}             # adapters.simulated.SimulatedConfig
     recording: {path: ...}       # fault tests: record every accepted command
     auth_token_file: /run/secrets/adapter-token   # bearer token coordinators must present
-    tls: {cert_file: server.pem, key_file: server-key.pem}   # optional: serve TLS only
+    tls:                                          # mutual TLS: only coordinators may call
+      cert_file: server.pem
+      key_file: server-key.pem
+      client_ca_file: coordinators-ca.pem         # CA of the coordinators' client certificates
+      allowed_coordinators: [coord-a, coord-b, coord-c]   # optional: only these node ids
+    fence_public_key_files: [fence.pub.pem]       # coordinators' fence keys (a list: rotation)
 
-``auth_token_file`` may be left out only when ``listen`` is a loopback address (then the adapter
-logs one warning that it is unauthenticated). Relative paths resolve against the file's folder.
-The token is read once at start; it is never logged.
+``auth_token_file``, ``tls`` with ``client_ca_file`` (mutual TLS, ``adapters/identity.py``) and
+``fence_public_key_files`` (signed fencing tokens, ``controlplane/fencing.py``) may be left out only
+when ``listen`` is a loopback address: that is the development mode of tests and single-machine
+experiments, and the adapter then logs one warning per missing layer. ``controlplane up``, the
+chaos harness, the demo and every manifest in ``deploy/`` configure all three. Relative paths
+resolve against the file's folder. The token is read once at start; it is never logged.
 
 Errors name the file and the field (``adapter.yaml: simulated.deployments[0].model: unknown model
 profile 'x'``), like the coordinator's configuration.
@@ -54,11 +62,17 @@ MIN_TOKEN_LEN = 16
 
 
 class TlsConfig(BaseModel):
-    """The adapter's server certificate (PEM; chain allowed) and its private key (PEM)."""
+    """The adapter's server certificate (PEM; chain allowed) and its private key (PEM); with
+    ``client_ca_file`` mutual TLS, where only coordinator certificates may call."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     cert_file: Path
     key_file: Path
+    client_ca_file: Path | None = None
+    """The CA that signed the coordinators' client certificates (URI SAN
+    ``controlplane://coordinator/<node_id>``)."""
+    allowed_coordinators: list[Annotated[str, AfterValidator(check_id)]] | None = None
+    """Only these coordinator node ids (default: any coordinator certificate from that CA)."""
 
 
 def read_tls_pair(tls: TlsConfig) -> tuple[bytes, bytes]:
@@ -105,7 +119,10 @@ class AdapterConfig(BaseModel):
     """A file holding the bearer token coordinators must present (their ``adapter_token_file``);
     required unless ``listen`` is a loopback address."""
     tls: TlsConfig | None = None
-    """Serve TLS only, with this certificate and key (coordinators then need the CA)."""
+    """Serve TLS only, with this certificate and key; mutual TLS with ``tls.client_ca_file``."""
+    fence_public_key_files: list[Path] = Field(default_factory=list)
+    """The coordinators' fence public keys (Ed25519, PEM): every fencing epoch must be signed by one
+    of them. A list so that a key can be rotated (add the new one, switch the coordinators, drop the old)."""
 
     @model_validator(mode="after")
     def _section_present(self) -> AdapterConfig:
@@ -114,7 +131,49 @@ class AdapterConfig(BaseModel):
         if self.auth_token_file is None and not is_loopback_address(self.listen):
             raise ValueError(f"auth_token_file: required because listen {self.listen} is not a loopback address "
                              "(anyone who reaches it could command the cluster)")
+        if not is_loopback_address(self.listen):
+            if self.tls is None:
+                raise ValueError(f"tls: required because listen {self.listen} is not a loopback address "
+                                 "(adapter channels are mutual TLS: cert_file, key_file, client_ca_file)")
+            if self.tls.client_ca_file is None:
+                raise ValueError(f"tls.client_ca_file: required because listen {self.listen} is not a loopback "
+                                 "address (only coordinator certificates may command the cluster)")
+            if not self.fence_public_key_files:
+                raise ValueError(f"fence_public_key_files: required because listen {self.listen} is not a loopback "
+                                 "address (every epoch must be signed by a coordinator's fence key)")
         return self
+
+    def client_ca(self) -> bytes | None:
+        """The coordinators' CA (PEM) for mutual TLS, or None; :class:`ConfigError` naming the field."""
+        if self.tls is None or self.tls.client_ca_file is None:
+            return None
+        path = self.tls.client_ca_file
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"tls.client_ca_file: cannot read {str(path)!r}: {exc.strerror or exc}",
+                              field="tls.client_ca_file") from None
+        from cryptography import x509
+
+        try:
+            x509.load_pem_x509_certificates(data)
+        except ValueError:
+            raise ConfigError(f"tls.client_ca_file: {str(path)!r} is not a PEM certificate",
+                              field="tls.client_ca_file") from None
+        return data
+
+    def fence_verifier(self):
+        """The fence public keys as a :class:`controlplane.fencing.FenceVerifier`, or None."""
+        if not self.fence_public_key_files:
+            return None
+        from controlplane.fencing import FenceKeyError, FenceVerifier
+
+        for i, path in enumerate(self.fence_public_key_files):
+            try:
+                FenceVerifier.from_files([path])
+            except FenceKeyError as exc:
+                raise ConfigError(f"fence_public_key_files[{i}]: {exc}", field=f"fence_public_key_files[{i}]") from None
+        return FenceVerifier.from_files(self.fence_public_key_files)
 
     def auth_token(self) -> str | None:
         """The token in ``auth_token_file`` (None without one); :class:`ConfigError` naming the field."""
@@ -148,13 +207,19 @@ def load_adapter_config(path: str | os.PathLike[str]) -> AdapterConfig:
         raw["auth_token_file"] = str(p.parent / raw["auth_token_file"])
     tls = raw.get("tls")
     if isinstance(tls, dict):
-        raw["tls"] = {k: str(p.parent / v) if k in ("cert_file", "key_file") and isinstance(v, str)
+        raw["tls"] = {k: str(p.parent / v) if k in ("cert_file", "key_file", "client_ca_file") and isinstance(v, str)
                       and not Path(v).is_absolute() else v for k, v in tls.items()}
+    keys = raw.get("fence_public_key_files")
+    if isinstance(keys, list):
+        raw["fence_public_key_files"] = [str(p.parent / k) if isinstance(k, str) and not Path(k).is_absolute() else k
+                                         for k in keys]
     try:
         cfg = AdapterConfig.model_validate(raw)
         try:
             cfg.auth_token()
             cfg.tls_pair()
+            cfg.client_ca()
+            cfg.fence_verifier()
         except ConfigError as exc:
             raise ConfigError(f"{p}: {exc}", file=str(p), field=exc.field) from None
         if cfg.backend == "kubernetes":

@@ -20,10 +20,13 @@ batch to every open ``Observe`` stream. ``Recent`` returns the ring buffer: a ne
 it to rebuild its signal filters and to see lifecycle reports the previous holder may not have
 committed.
 
-**Authentication.** With a token (``auth_token_file`` in the configuration) every ``ClusterAdapter``
-call must carry ``authorization: Bearer <token>``; anything else is refused with UNAUTHENTICATED
-before the request is even parsed (:class:`BearerAuth`). Health and reflection stay open. Without a
-token the adapter listens only on a loopback address. With ``tls`` the server speaks TLS only.
+**Authentication.** Three layers (docs/security.md "The adapter channel"): mutual TLS where only
+coordinator certificates may call ``ClusterAdapter`` (``client_ca``, :mod:`adapters.identity`); a
+bearer token (``auth_token_file``: ``authorization: Bearer <token>``, refused with UNAUTHENTICATED
+before the request is parsed, :class:`BearerAuth`); and signed fencing tokens (``fence_verifier``,
+:mod:`controlplane.fencing`): an epoch no coordinator's fence key signed is refused with
+PERMISSION_DENIED and never persisted. Health and reflection stay open. Off loopback all three are
+required; on a loopback address each missing one is a warning line (development and tests).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,18 +59,21 @@ from adapters.backend import (
     InstanceSpec,
     ScaleCommand,
 )
+from adapters.identity import CoordinatorIdentity
 from adapters.wire import batch_of
 from controlplane.api.v1 import adapter_pb2, adapter_pb2_grpc
 from controlplane.config import is_loopback_address
 from controlplane.domain.errors import (
     ControlPlaneError,
     NotFound,
+    PermanentError,
     StaleEpoch,
     TemporaryError,
     Unavailable,
     ValidationError,
 )
 from controlplane.domain.observations import Observations
+from controlplane.fencing import MAX_EPOCH, FenceVerifier
 from controlplane.runtime.clock import wall_ms
 from raft.lease import check_fence
 
@@ -81,6 +87,8 @@ STALE_EPOCH_METADATA = ("cp-error", "stale-epoch")
 SERVICE_NAME = adapter_pb2.DESCRIPTOR.services_by_name["ClusterAdapter"].full_name
 AUTHORIZATION = "authorization"
 UNAUTHENTICATED_WARNING = "adapter is unauthenticated (loopback only)"
+PLAINTEXT_WARNING = "adapter does not serve mutual TLS: any local process may call it (loopback only)"
+UNSIGNED_FENCE_WARNING = "adapter accepts unsigned fencing epochs: no fence_public_key_files (loopback only)"
 
 
 class BearerAuth(grpc.ServerInterceptor):
@@ -146,25 +154,63 @@ class BearerAuth(grpc.ServerInterceptor):
         return grpc.stream_stream_rpc_method_handler(deny_stream, response_serializer=handler.response_serializer)
 
 
-class FencingGuard:
-    """Highest (epoch, holder) accepted, persisted in ``path``; thread-safe."""
+class EpochFileError(PermanentError):
+    """``<cluster>.epoch.json`` cannot be trusted (unreadable, empty, garbage, or an epoch no fence key
+    signed): the adapter refuses to start, since it would not know the highest epoch it accepted."""
 
-    def __init__(self, path: Path) -> None:
+
+class ForgedFence(PermanentError):
+    """A fencing token no coordinator's fence key signed (PERMISSION_DENIED; never persisted)."""
+
+
+EPOCH_FILE_HELP = "see docs/adapters.md \"Resetting an adapter's epoch file\""
+
+
+class FencingGuard:
+    """Highest (epoch, holder) accepted, persisted in ``path`` with its signature; thread-safe.
+
+    With a ``verifier`` (the coordinators' fence public keys) every token is verified *before* its
+    epoch is compared or persisted, and a persisted epoch is verified again at start."""
+
+    def __init__(self, path: Path, verifier: FenceVerifier | None = None) -> None:
         self._path = path
+        self._verifier = verifier
         self._lock = threading.Lock()
         self.epoch, self.holder = self._load()
 
     def _load(self) -> tuple[int, str]:
         try:
-            data = json.loads(self._path.read_text(encoding="utf-8"))
-            return int(data["epoch"]), str(data["holder"])
+            text = self._path.read_text(encoding="utf-8")
         except FileNotFoundError:
             return 0, ""
+        except (OSError, UnicodeDecodeError) as exc:
+            raise EpochFileError(f"epoch file {str(self._path)!r} cannot be read ({exc}); {EPOCH_FILE_HELP}") from None
+        try:
+            data = json.loads(text)
+            if not isinstance(data, dict):
+                raise ValueError("not a JSON object")
+            epoch, holder = data["epoch"], data["holder"]
+            if type(epoch) is not int or not 0 <= epoch <= MAX_EPOCH or not isinstance(holder, str):
+                raise ValueError("epoch must be an integer in [0, 2**63-1] and holder a string")
+            signature = bytes.fromhex(data.get("signature", "")) if isinstance(data.get("signature", ""), str) else b""
+            kid = data.get("key_id", "") if isinstance(data.get("key_id", ""), str) else ""
+        except (ValueError, KeyError, TypeError) as exc:
+            what = "empty" if not text.strip() else f"not a valid epoch record ({type(exc).__name__}: {str(exc)[:80]})"
+            raise EpochFileError(f"epoch file {str(self._path)!r} is {what}; {EPOCH_FILE_HELP}") from None
+        if self._verifier is not None and epoch > 0:
+            problem = self._verifier.problem(epoch, holder, kid, signature)
+            if problem is not None:
+                raise EpochFileError(f"epoch file {str(self._path)!r} holds epoch {epoch} that no fence key signed "
+                                     f"({problem}); {EPOCH_FILE_HELP}")
+        return epoch, holder
 
-    def _persist(self, epoch: int, holder: str) -> None:
+    def _persist(self, epoch: int, holder: str, token: FenceToken | None) -> None:
+        record: dict[str, object] = {"epoch": epoch, "holder": holder}
+        if token is not None and token.signature:
+            record.update(key_id=token.key_id, signature=token.signature.hex())
         tmp = self._path.with_suffix(".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"epoch": epoch, "holder": holder}, f)
+        with open(tmp, "w", encoding="utf-8") as f:  # tmp + fsync + rename + fsync(dir): atomic and durable
+            json.dump(record, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self._path)
@@ -174,14 +220,19 @@ class FencingGuard:
         finally:
             os.close(dir_fd)
 
-    def admit(self, epoch: int, holder: str) -> None:
-        """Accept (and persist a higher) epoch, or raise :class:`StaleEpoch`."""
+    def admit(self, epoch: int, holder: str, token: FenceToken | None = None) -> None:
+        """Accept (and persist a higher) epoch, or raise :class:`StaleEpoch`; with a verifier, a token
+        no fence key signed raises :class:`ForgedFence` first (and nothing is compared or written)."""
+        if self._verifier is not None:
+            problem = self._verifier.problem(epoch, holder, token.key_id if token else "", token.signature if token else b"")
+            if problem is not None:
+                raise ForgedFence(problem)
         with self._lock:
             verdict = check_fence(self.epoch, self.holder, epoch, holder)
             if not verdict.accepted:
                 raise StaleEpoch(epoch, self.epoch)
             if epoch > self.epoch:
-                self._persist(epoch, holder)
+                self._persist(epoch, holder, token)
                 self.epoch, self.holder = epoch, holder
 
 
@@ -305,7 +356,7 @@ class ObservationHub:
 
 
 def _token(msg: adapter_pb2.FenceToken) -> FenceToken:
-    return FenceToken(msg.epoch, msg.seq, msg.holder)
+    return FenceToken(msg.epoch, msg.seq, msg.holder, msg.signature, msg.key_id)
 
 
 class AdapterServicer(adapter_pb2_grpc.ClusterAdapterServicer):
@@ -322,6 +373,7 @@ class AdapterServicer(adapter_pb2_grpc.ClusterAdapterServicer):
         """Commands are carried out one at a time: the backend's view of an instance never races."""
         self._streams = 0
         self.stale_rejected = 0
+        self.forged_rejected = 0
         self.applied = 0
 
     def _check_cluster(self, cluster_id: str, context: grpc.ServicerContext) -> None:
@@ -340,9 +392,20 @@ class AdapterServicer(adapter_pb2_grpc.ClusterAdapterServicer):
     def _admit(self, what: str, cluster_id: str, token: FenceToken, context: grpc.ServicerContext) -> None:
         self._check_cluster(cluster_id, context)
         try:
-            self._guard.admit(token.epoch, token.holder)
+            self._guard.admit(token.epoch, token.holder, token)
         except StaleEpoch as exc:
             self._stale(what, token, exc, context)
+        except ForgedFence as exc:
+            with self._lock:
+                self.forged_rejected += 1
+                count = self.forged_rejected
+            if count & (count - 1) == 0:  # 1st, 2nd, 4th ... : visible, never a flood
+                log.error("fence_refused", cluster=self._cluster_id, action=what, epoch=token.epoch,
+                          holder=token.holder[:64], problem=str(exc), refused=count)
+            rejected = getattr(self._backend, "rejected", None)
+            if rejected is not None:
+                rejected(what, token, str(exc))
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
 
     def Fence(self, request: adapter_pb2.FenceRequest, context: grpc.ServicerContext) -> adapter_pb2.FenceReply:
         token = _token(request.fence)
@@ -458,6 +521,7 @@ class AdapterServer:
     port: int
     backend: Backend
     auth: BearerAuth | None = None
+    identity: CoordinatorIdentity | None = None
 
     def stop(self, grace_s: float = 0.5) -> None:
         self.health.enter_graceful_shutdown()
@@ -470,22 +534,38 @@ class AdapterServer:
 def serve_adapter(cluster_id: str, address: str, state_dir: Path, backend: Backend, *,
                   observe_interval_ms: int = 250, ring_s: float = 120.0, observe: bool = True,
                   clock_ms: Callable[[], int] = wall_ms, auth_token: str | None = None,
-                  tls: tuple[bytes, bytes] | None = None) -> AdapterServer:
+                  tls: tuple[bytes, bytes] | None = None, client_ca: bytes | None = None,
+                  allowed_coordinators: Collection[str] | None = None,
+                  fence_verifier: FenceVerifier | None = None) -> AdapterServer:
     """Start the adapter's gRPC server (ClusterAdapter, grpc.health.v1, reflection) on ``address``.
 
-    ``auth_token``: the bearer token every ClusterAdapter call must carry; None is allowed only on a
-    loopback address (one warning line says so). ``tls``: (certificate chain PEM, private key PEM)
-    to serve TLS only."""
-    if auth_token is None and not is_loopback_address(address):
+    ``auth_token``: the bearer token every ClusterAdapter call must carry. ``tls``: (certificate
+    chain PEM, private key PEM) to serve TLS only; with ``client_ca`` (PEM) it is mutual TLS and only
+    coordinator certificates (``adapters/identity.py``; ``allowed_coordinators`` narrows them to
+    these node ids) may call ClusterAdapter. ``fence_verifier``: the coordinators' fence public keys;
+    every fencing token must be signed by one. On a non-loopback address all of these are required;
+    on a loopback address (development, tests) each one missing is one warning line."""
+    loopback = is_loopback_address(address)
+    if auth_token is None and not loopback:
         raise ValidationError("auth_token_file", f"required: {address} is not a loopback address, so other hosts "
                                                  "could command this cluster without it")
+    if not loopback and (tls is None or client_ca is None):
+        raise ValidationError("tls.client_ca_file" if tls is not None else "tls",
+                              f"required: {address} is not a loopback address, so the adapter serves mutual TLS "
+                              "only (tls.cert_file, tls.key_file and tls.client_ca_file, the coordinators' CA)")
+    if fence_verifier is None and not loopback:
+        raise ValidationError("fence_public_key_files", f"required: {address} is not a loopback address, so every "
+                                                        "epoch must be signed by a coordinator's fence key")
+    if client_ca is not None and tls is None:
+        raise ValidationError("tls", "client_ca_file needs the server's cert_file and key_file")
     auth = BearerAuth(auth_token) if auth_token is not None else None
+    identity = CoordinatorIdentity(SERVICE_NAME, allowed_coordinators) if client_ca is not None else None
     state_dir.mkdir(parents=True, exist_ok=True)
+    guard = FencingGuard(state_dir / f"{cluster_id}.epoch.json", fence_verifier)  # before anything starts
     hub = ObservationHub(cluster_id, backend, interval_ms=observe_interval_ms, ring_s=ring_s, clock_ms=clock_ms) if observe else None
-    guard = FencingGuard(state_dir / f"{cluster_id}.epoch.json")
     servicer = AdapterServicer(cluster_id, guard, backend, hub, clock_ms)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=MAX_STREAMS + 8, thread_name_prefix="adapter"),
-                         interceptors=[auth] if auth is not None else [])
+                         interceptors=[i for i in (identity, auth) if i is not None])
     adapter_pb2_grpc.add_ClusterAdapterServicer_to_server(servicer, server)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -493,7 +573,8 @@ def serve_adapter(cluster_id: str, address: str, state_dir: Path, backend: Backe
         (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
     try:
         if tls is not None:
-            port = server.add_secure_port(address, grpc.ssl_server_credentials([(tls[1], tls[0])]))
+            port = server.add_secure_port(address, grpc.ssl_server_credentials(
+                [(tls[1], tls[0])], root_certificates=client_ca, require_client_auth=client_ca is not None))
         else:
             port = server.add_insecure_port(address)
     except RuntimeError:
@@ -507,7 +588,12 @@ def serve_adapter(cluster_id: str, address: str, state_dir: Path, backend: Backe
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     log.info("adapter_started", cluster=cluster_id, address=f"{address.rsplit(':', 1)[0]}:{port}",
              backend=type(backend).__name__, epoch=guard.epoch, observe_interval_ms=observe_interval_ms,
-             authenticated=auth_token is not None, tls=tls is not None)
+             authenticated=auth_token is not None, tls=tls is not None, mutual_tls=client_ca is not None,
+             fence_keys=fence_verifier.key_ids if fence_verifier is not None else [])
     if auth_token is None:
         log.warning(UNAUTHENTICATED_WARNING, cluster=cluster_id)
-    return AdapterServer(server, servicer, hub, health_servicer, port, backend, auth)
+    if client_ca is None:
+        log.warning(PLAINTEXT_WARNING, cluster=cluster_id)
+    if fence_verifier is None:
+        log.warning(UNSIGNED_FENCE_WARNING, cluster=cluster_id)
+    return AdapterServer(server, servicer, hub, health_servicer, port, backend, auth, identity)

@@ -64,6 +64,7 @@ from pydantic import (
 )
 from pydantic import ValidationError as PydanticValidationError
 
+from controlplane.adapter_channel import AdapterTlsConfig, adapter_channel_problems, fence_key_problem
 from controlplane.domain.errors import PermanentError, ValidationError
 from controlplane.domain.ids import id_problem
 from controlplane.domain.tokens import parse_token
@@ -315,6 +316,10 @@ class CoordinatorConfig(BaseModel):
     """File holding an admin token (``cp_<id>_<secret>``); the lease holder registers its hash."""
     adapter_token_file: Path | None = None
     """File holding the bearer token sent on every call to the adapters."""
+    adapter_tls: AdapterTlsConfig | None = None
+    """Mutual TLS to the adapters (``controlplane/adapter_channel.py``); required for non-loopback adapters."""
+    fence_key_file: Path | None = None
+    """The coordinators' Ed25519 fence key: the lease holder signs its epoch with it (docs/lease.md)."""
     metrics_address: str | None = None
     """``host:port`` of a Prometheus ``/metrics`` endpoint (plain HTTP, no auth: it names tenants and
     deployments, so bind it where only the monitoring system reaches). None: not served."""
@@ -377,6 +382,14 @@ class CoordinatorConfig(BaseModel):
     def _adapter_token(cls, value: Path | None) -> Path | None:
         if value is not None:
             read_token_file(value)
+        return value
+
+    @field_validator("fence_key_file")
+    @classmethod
+    def _fence_key(cls, value: Path | None) -> Path | None:
+        problem = None if value is None else fence_key_problem(value)
+        if problem:
+            raise ValueError(problem)
         return value
 
     @field_validator("data_dir")
@@ -497,6 +510,7 @@ def cross_field_problems(cfg: CoordinatorConfig) -> list[tuple[str, str]]:
     out.extend(_uniqueness_problems(cfg))
     out.extend(_seed_problems(cfg))
     out.extend(api_limit_problems(cfg))
+    out.extend(adapter_channel_problems(cfg))
     return out
 
 
@@ -571,8 +585,8 @@ def _uniqueness_problems(cfg: CoordinatorConfig) -> list[tuple[str, str]]:
 # --- loading ----------------------------------------------------------------------------------------
 
 
-_JSON_FIELDS = {"peers": "a JSON list", "api_tls": "a JSON object"}
-_FILE_FIELDS = ("password_file", "admin_token_file", "adapter_token_file")
+_JSON_FIELDS = {"peers": "a JSON list", "api_tls": "a JSON object", "adapter_tls": "a JSON object"}
+_FILE_FIELDS = ("password_file", "admin_token_file", "adapter_token_file", "fence_key_file")
 _TLS_FILE_FIELDS = ("cert_file", "key_file", "client_ca_file", "ca_file")
 
 
@@ -607,9 +621,10 @@ def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = No
     for name in _FILE_FIELDS:
         if name in data:
             data[name] = _relative_to(p, data[name])
-    tls = data.get("api_tls")
-    if isinstance(tls, dict):
-        data["api_tls"] = {k: (_relative_to(p, v) if k in _TLS_FILE_FIELDS else v) for k, v in tls.items()}
+    for section in ("api_tls", "adapter_tls"):
+        tls = data.get(section)
+        if isinstance(tls, dict):
+            data[section] = {k: (_relative_to(p, v) if k in _TLS_FILE_FIELDS else v) for k, v in tls.items()}
     try:
         return CoordinatorConfig.model_validate(data)
     except PydanticValidationError as exc:

@@ -25,7 +25,7 @@ import structlog
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
 from adapters.client import RemoteAdapter, RemoteObservations
-from controlplane.api.admin import NodeStatus, PeerStatus
+from controlplane.api.admin import FencedClusterStatus, NodeStatus, PeerStatus
 from controlplane.api.server import ApiServer, serve
 from controlplane.config import ConfigError, CoordinatorConfig, read_token_file
 from controlplane.domain import commands as c
@@ -33,6 +33,7 @@ from controlplane.domain.errors import ControlPlaneError, TemporaryError
 from controlplane.domain.tenants import Deployment, Tenant
 from controlplane.domain.tokens import Role, TokenRecord, parse_token
 from controlplane.domain.topology import Cluster
+from controlplane.fencing import FenceSigner
 from controlplane.runtime.clock import wall_ms
 from controlplane.runtime.lease_guard import LeaseGuard
 from controlplane.runtime.loop import ControlLoop
@@ -80,14 +81,16 @@ class Coordinator:
                                          on_transitions=TransitionRecorder(self.registry).record)
         adapter_token = _token_from(cfg.adapter_token_file, "adapter_token_file")
         self._admin_token = _admin_record(cfg)
-        self.adapter = RemoteAdapter(dict(topology.adapters or {}), token=adapter_token)
+        adapter_tls = cfg.adapter_tls.client() if cfg.adapter_tls is not None else None
+        self.adapter = RemoteAdapter(dict(topology.adapters or {}), token=adapter_token, tls=adapter_tls)
         self._wake = threading.Event()
         """Set by the observation streams when a batch shows pressure: the holder ticks at once."""
         self.observations = RemoteObservations(dict(topology.adapters or {}), wall_ms, token=adapter_token,
-                                               on_pressure=self._wake.set)
+                                               tls=adapter_tls, on_pressure=self._wake.set)
+        signer = FenceSigner.from_file(cfg.fence_key_file) if cfg.fence_key_file is not None else None
         self.loop = ControlLoop(
             self.replicator, self.adapter, self.observations, rng=random.Random(),
-            authority=self._authority, holder=cfg.node_id, act_delay_s=cfg.fault_act_delay_ms / 1000,
+            authority=self._authority, holder=cfg.node_id, act_delay_s=cfg.fault_act_delay_ms / 1000, signer=signer,
         )
         self.api: ApiServer | None = None
         self._stop = threading.Event()
@@ -245,6 +248,7 @@ class Coordinator:
             commit_index=st.commit_index, applied_index=st.applied_index,
             peers=tuple((p.node_id, p.reachable) for p in st.peers), lease_holder=st.lease_remaining_ms > 0,
             lease_epoch=st.lease_epoch, lease_remaining_ms=st.lease_remaining_ms, state=state, ttft_p99_ms=ttft,
+            fenced_clusters=frozenset(map(str, self.loop.fenced_out)), stale_answers=dict(self.loop.stale_answers),
         )
 
     def status(self) -> NodeStatus:
@@ -265,6 +269,8 @@ class Coordinator:
             lease_remaining_ms=max(0, lease.valid_until_ms - now) if holding else 0,
             commit_index=raft.commit_index, applied_index=raft.applied_index,
             raft_address=self.cfg.raft_address, api_address=self.cfg.api_address, peers=peers,
+            fenced_clusters=tuple(FencedClusterStatus(str(f.cluster_id), f.epoch, f.adapter_epoch, f.since_ms)
+                                  for f in self.loop.fenced_out.values()),
         )
 
 

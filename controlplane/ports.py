@@ -38,6 +38,21 @@ class Fence:
     seq: int
     holder: str = ""
     """The lease holder's node id: an adapter rejects an equal epoch from another holder."""
+    signature: bytes = b""
+    """Ed25519 signature of (epoch, holder) by the coordinators' fence key (``controlplane.fencing``);
+    empty when this coordinator has no ``fence_key_file`` (accepted only by a loopback dev adapter)."""
+    key_id: str = ""
+
+
+class FenceIssuer(Protocol):
+    """Signs a lease epoch for its holder (``controlplane.fencing.FenceSigner``)."""
+
+    def sign(self, epoch: int, holder: str) -> "FenceSignature": ...
+
+
+class FenceSignature(Protocol):
+    key_id: str
+    signature: bytes
 
 
 @dataclass(frozen=True, slots=True)

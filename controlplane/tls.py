@@ -143,3 +143,34 @@ def write_secret(path: Path, data: bytes | str) -> None:
         tmp.unlink(missing_ok=True)
         raise
     os.replace(tmp, path)
+
+
+# --- coordinator identities (adapter channels, Raft members) ----------------------------------------
+
+COORDINATOR_URI_PREFIX = "controlplane://coordinator/"
+"""A coordinator certificate names its node id as the URI SAN ``controlplane://coordinator/<node_id>``;
+adapters accept commands only from such certificates (``adapters/identity.py``)."""
+
+
+def issue_coordinator_cert(pki: DevPki, node_id: str, *, hosts: Sequence[str] = DEFAULT_HOSTS,
+                           valid_days: int = VALID_DAYS, now: dt.datetime | None = None) -> tuple[Path, Path]:
+    """Sign a certificate for coordinator ``node_id`` with the dev CA of ``pki`` and write it as
+    ``coordinator-<node_id>.pem`` / ``coordinator-<node_id>-key.pem`` (0600) next to the CA. SANs: the
+    URI ``controlplane://coordinator/<node_id>`` and ``hosts``; usage: client and server auth (the
+    same certificate serves a member's Raft listener and its calls to the adapters). Returns
+    (certificate, key)."""
+    if not node_id or "/" in node_id or any(ch.isspace() for ch in node_id):
+        raise ValueError(f"node_id: must be a non-empty id without '/' or spaces, got {node_id!r}")
+    ca_cert = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
+    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    start = (now or dt.datetime.now(dt.UTC)) - CLOCK_SKEW
+    end = start + CLOCK_SKEW + dt.timedelta(days=valid_days)
+    key = ec.generate_private_key(ec.SECP256R1())
+    sans = [x509.UniformResourceIdentifier(COORDINATOR_URI_PREFIX + node_id), *_sans(hosts)]
+    cert = _leaf(ca_cert, ca_key, key, f"coordinator {node_id}", sans,
+                 (ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH), start, end)
+    cert_path, key_path = pki.dir / f"coordinator-{node_id}.pem", pki.dir / f"coordinator-{node_id}-key.pem"
+    _write_key(key_path, key)
+    _write_cert(cert_path, cert)
+    return cert_path, key_path

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -52,6 +52,16 @@ class PeerStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class FencedClusterStatus:
+    """A cluster this node stopped commanding: its adapter holds a higher epoch (admins only)."""
+
+    cluster_id: str
+    epoch: int
+    adapter_epoch: int
+    since_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class NodeStatus:
     node_id: str
     zone: str
@@ -68,6 +78,15 @@ class NodeStatus:
     peers: tuple[PeerStatus, ...] = ()
     pid: int = field(default_factory=os.getpid)
     version: str = __version__
+    fenced_clusters: tuple[FencedClusterStatus, ...] = ()
+
+
+def for_tenant(s: NodeStatus) -> NodeStatus:
+    """What a tenant principal sees of a node's status: no addresses, no pid, no epochs, no fenced
+    clusters (operators' details; a current epoch and holder were half of what it took to forge an
+    adapter command before fencing tokens were signed). Roles, terms and ids stay."""
+    return replace(s, lease_epoch=0, raft_address="", api_address="", pid=0, fenced_clusters=(),
+                   peers=tuple(replace(p, raft_address="", api_address="") for p in s.peers))
 
 
 def to_proto(s: NodeStatus) -> admin_pb2.StatusResponse:
@@ -78,6 +97,8 @@ def to_proto(s: NodeStatus) -> admin_pb2.StatusResponse:
         raft_address=s.raft_address, api_address=s.api_address,
         peers=[admin_pb2.Peer(node_id=p.node_id, zone=p.zone, raft_address=p.raft_address,
                               api_address=p.api_address, reachable=p.reachable) for p in s.peers],
+        fenced_clusters=[admin_pb2.FencedCluster(cluster_id=f.cluster_id, epoch=f.epoch, adapter_epoch=f.adapter_epoch,
+                                                 since_ms=f.since_ms) for f in s.fenced_clusters],
     )
 
 
@@ -91,6 +112,8 @@ def from_proto(r: admin_pb2.StatusResponse) -> dict[str, object]:
         "raft_address": r.raft_address, "api_address": r.api_address,
         "peers": [{"node_id": p.node_id, "zone": p.zone, "raft_address": p.raft_address,
                    "api_address": p.api_address, "reachable": p.reachable} for p in r.peers],
+        "fenced_clusters": [{"cluster_id": f.cluster_id, "epoch": f.epoch, "adapter_epoch": f.adapter_epoch,
+                             "since_ms": f.since_ms} for f in r.fenced_clusters],
     }
 
 

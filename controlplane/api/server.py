@@ -54,7 +54,7 @@ from grpc_reflection.v1alpha import reflection
 
 from controlplane.api import convert as cv
 from controlplane.api import limits as lim
-from controlplane.api.admin import Membership, NodeStatus, to_proto
+from controlplane.api.admin import Membership, NodeStatus, for_tenant, to_proto
 from controlplane.api.auth import (
     Authenticator,
     AuthInterceptor,
@@ -1150,8 +1150,9 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
 
     @_guarded
     def Status(self, request: admin_pb2.StatusRequest, context: grpc.ServicerContext) -> admin_pb2.StatusResponse:
-        self.core.auth.principal(context)
-        return to_proto(self._status())
+        p = self.core.auth.principal(context)
+        status = self._status()
+        return to_proto(status if p.is_admin else for_tenant(status))  # tenants: no addresses, pids, epochs
 
     @_guarded
     def AddMember(self, request: admin_pb2.MemberRequest, context: grpc.ServicerContext) -> admin_pb2.MemberReply:

@@ -552,7 +552,7 @@ def write_configs(root: Path, n_deps: int, tick_ms: int | None) -> tuple[list[An
         write_private(node.config, yaml.safe_dump(cfg, sort_keys=False))
     adapter_cfg = {
         "cluster_id": cluster["id"], "listen": cluster["adapter_address"], "state_dir": str(root / "adapter"),
-        "nvml": False, "auth_token_file": str(security.adapter_token_file), "backend": "simulated",
+        "nvml": False, **security.adapter_fields(), "backend": "simulated",
         "simulated": {"seed": SEED, "deployments": [
             {"deployment": d, "model": MODEL, "cold_start_ms": COLD_START_MS, "warm_start_ms": WARM_START_MS,
              "load": [{"at_s": 0, "rps": CALM_RPS}]} for d in deployment_ids(n_deps)]},

@@ -366,7 +366,7 @@ def write_group(root: Path, duration_s: float) -> tuple[list[Any], list[dict], A
         load = {"deployment": "chat", "model": MODEL, "cold_start_ms": 3_000, "warm_start_ms": 500,
                 "load": load_schedule(duration_s)}
         cfg = {"cluster_id": a["id"], "listen": a["adapter_address"], "state_dir": str(root / "adapters"),
-               "nvml": False, "auth_token_file": str(security.adapter_token_file), "backend": "simulated",
+               "nvml": False, **security.adapter_fields(), "backend": "simulated",
                "simulated": {"seed": i + 1, "deployments": [load], "default": {**load, "deployment": "*"}}}
         path.write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
         configs.append(path)

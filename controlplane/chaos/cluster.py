@@ -66,12 +66,15 @@ class Proc:
 
 class ChaosCluster:
     def __init__(self, root: Path, nodes: int = 3, adapters: int = 2) -> None:
-        from controlplane.cli.up import plan_group
+        from controlplane.cli.up import make_local_security, plan_group
         from controlplane.tokens import new_token
 
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         plans, clusters = plan_group(nodes, root)
+        # Adapter channels as in production: mutual TLS with a certificate per coordinator, the
+        # adapter token, and epochs signed with the group's fence key (the API stays loopback plaintext).
+        security = make_local_security(root)
         self.plans = plans
         self.clusters = clusters[:adapters]
         self.token = new_token()[0]
@@ -92,6 +95,9 @@ class ChaosCluster:
             cfg["deployments"] = [deployment]
             cfg["admin_token_file"] = str(root / "admin.token")
             cfg["fault_act_delay_ms"] = ACT_DELAY_MS
+            adapter_side = security.coordinator_fields(p.node_id)
+            for key in ("adapter_token_file", "adapter_tls", "fence_key_file"):
+                cfg[key] = adapter_side[key]
             cfg["raft_dial_overrides"] = {peer: f"127.0.0.1:{port}" for peer, port in self.net.mapping_for(p.raft_address).items()}
             p.config.write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
             os.chmod(p.config, 0o600)
@@ -101,7 +107,7 @@ class ChaosCluster:
         for i, c in enumerate(self.clusters):
             path = root / f"{c['id']}.adapter.yaml"
             acfg = {"cluster_id": c["id"], "listen": c["adapter_address"], "state_dir": str(root / "adapters"),
-                    "nvml": False, "backend": "simulated",
+                    "nvml": False, **security.adapter_fields(), "backend": "simulated",
                     "simulated": {"seed": 1000 + i, "deployments": [{
                         "deployment": DEPLOYMENT, "model": MODEL, "cold_start_ms": COLD_START_MS,
                         "warm_start_ms": WARM_START_MS, "load": [{"at_s": 0, "rps": 0}]}]}}

@@ -322,11 +322,11 @@ def adapter_main(config: str, directory: str) -> int:
     class JournalingGuard(service.FencingGuard):
         """Every verdict journaled while the verdict is still the latest (one lock around both)."""
 
-        def admit(self, epoch: int, holder: str) -> None:
+        def admit(self, epoch: int, holder: str, token: Any = None) -> None:
             with journal.lock:
                 highest, highest_holder = self.epoch, self.holder
                 try:
-                    super().admit(epoch, holder)
+                    super().admit(epoch, holder, token)
                 except StaleEpoch:
                     journal.write("admit", cluster=cluster, epoch=epoch, holder=holder, ok=False,
                                   highest=highest, highest_holder=highest_holder)
@@ -412,7 +412,8 @@ def adapter_main(config: str, directory: str) -> int:
     backend.set_load(read_json(out / "load.json", {}))
     server = service.serve_adapter(cluster, cfg.listen, cfg.state_dir, backend,
                                    observe_interval_ms=cfg.observe_interval_ms, ring_s=cfg.ring_s,
-                                   auth_token=cfg.auth_token(), tls=cfg.tls_pair())
+                                   auth_token=cfg.auth_token(), tls=cfg.tls_pair(), client_ca=cfg.client_ca(),
+                                   fence_verifier=cfg.fence_verifier())
     stop = threading.Event()
 
     def loop() -> None:

@@ -438,6 +438,7 @@ class Demo:
     # -- setup ----------------------------------------------------------------------------------
     def start(self) -> None:
         from adapters.service import serve_adapter
+        from controlplane.fencing import FenceVerifier
         from controlplane.cli.up import (
             make_local_security,
             plan_group,
@@ -452,13 +453,18 @@ class Demo:
         self.endpoints = [n.api_address for n in self.plan]
         self.tenantctl = write_tenantctl_config(self.base / "tenantctl.yaml", self.endpoints, self.security)
         token = self.security.adapter_token_file.read_text(encoding="utf-8").strip()
+        # The adapters serve mutual TLS (coordinator certificates only) and verify signed epochs, as in `up`.
+        tls = (self.security.cert_file.read_bytes(), self.security.key_file.read_bytes())
+        client_ca = self.security.ca_file.read_bytes()
+        assert self.security.fence_public_key_file is not None
+        verifier = FenceVerifier.from_files([self.security.fence_public_key_file])
         slo = {t.deployment: t.slo_ms for t in TENANTS}
         for i, a in enumerate(adapters):
             score = TtftScore(slo)
             backend = SimulatedBackend(a["id"], backend_config(i, self.workload), on_request_done=score)
             self.backends[a["id"]] = DemoCluster(backend, score)
             self.servers.append(serve_adapter(a["id"], a["adapter_address"], self.base / "adapters", backend,
-                                              auth_token=token))
+                                              auth_token=token, tls=tls, client_ca=client_ca, fence_verifier=verifier))
         for node in self.plan:
             proc = spawn_coordinator(node, self.base)
             self.children.append(proc)

@@ -136,6 +136,10 @@ def _parser() -> argparse.ArgumentParser:
     from controlplane.cli.health import add_arguments as add_health_arguments
 
     add_health_arguments(hc)
+    fk = sub.add_parser("fence-key", help="write a new Ed25519 fence key pair: the private key for the coordinators "
+                                          "(fence_key_file), the public one for the adapters (fence_public_key_files)")
+    fk.add_argument("--dir", required=True, metavar="DIR", help="where <name>-key.pem (0600) and <name>.pub.pem go")
+    fk.add_argument("--name", default="fence", help="file name prefix (default fence)")
     pr = sub.add_parser("probe", help="read one inference engine once through its driver and print the observation")
     pr.add_argument("--engine", required=True, choices=("vllm", "triton", "deepspeed-mii"))
     pr.add_argument("--url", required=True, metavar="URL", help="vLLM server, Triton HTTP port, or MII REST URL .../mii/NAME")
@@ -211,6 +215,9 @@ def _status(args: argparse.Namespace) -> int:
             print(f"{n['endpoint']:21} {n['node_id']:10} {n['zone']:6} {n['role']:9} term {n['term']:<4} "
                   f"leader {n['leader_id'] or '-':10} lease {lease['holder'] or '-'}@{lease['epoch']} "
                   f"({lease['remaining_ms']} ms left here) commit {n['commit_index']} applied {n['applied_index']}")
+            for f in n.get("fenced_clusters", []):
+                print(f"{'':21} fenced out: {f['cluster_id']} (its adapter holds epoch {f['adapter_epoch']}, above "
+                      f"{f['epoch']}; nothing is sent to it: docs/lease.md \"Recovery\")")
     return 0 if all(n["reachable"] for n in nodes) else 1
 
 
@@ -240,6 +247,8 @@ def _adapter(args: argparse.Namespace) -> int:
             field, problem = first_problem(exc)
             flag = {"cluster_id": "--cluster", "listen": "--listen", "state_dir": "--state-dir",
                     "auth_token_file": "--auth-token-file"}.get(field, "--record")
+            if field in ("tls", "tls.client_ca_file", "fence_public_key_files"):  # only --config can give these
+                flag, problem = "--listen", f"{field}: {problem}; give them in a --config file"
             raise ControlPlaneError(f"adapter: {flag}: {problem}") from None
         except ConfigError as exc:
             raise ControlPlaneError(f"adapter: --auth-token-file: {str(exc).split(': ', 1)[1]}") from None
@@ -248,7 +257,9 @@ def _adapter(args: argparse.Namespace) -> int:
     gpus = _gpu_inventory() if cfg.nvml else None
     backend = build_backend(cfg)
     server = serve_adapter(cfg.cluster_id, cfg.listen, cfg.state_dir, backend,
-                           observe_interval_ms=cfg.observe_interval_ms, ring_s=cfg.ring_s, auth_token=auth_token, tls=tls)
+                           observe_interval_ms=cfg.observe_interval_ms, ring_s=cfg.ring_s, auth_token=auth_token, tls=tls,
+                           client_ca=cfg.client_ca(), fence_verifier=cfg.fence_verifier(),
+                           allowed_coordinators=cfg.tls.allowed_coordinators if cfg.tls is not None else None)
     stopped = _on_signals(lambda: server.stop(0.5))
     stopped.wait()
     if gpus is not None:
@@ -390,6 +401,21 @@ def _health(args: argparse.Namespace) -> int:
 
 
 _SERVICE_COMMANDS["health"] = _health
+
+
+def _fence_key(args: argparse.Namespace) -> int:
+    from controlplane.fencing import FenceSigner, make_fence_key
+
+    if not args.name or "/" in args.name:
+        raise ControlPlaneError(f"fence-key: --name: must be a plain file name prefix, got {args.name!r}")
+    files = make_fence_key(args.dir, args.name)
+    print(f"private key (coordinators' fence_key_file, keep secret): {files.private_key}")
+    print(f"public key (adapters' fence_public_key_files): {files.public_key}")
+    print(f"key id: {FenceSigner.from_file(files.private_key).key_id}")
+    return 0
+
+
+_SERVICE_COMMANDS["fence-key"] = _fence_key
 
 
 def _simulate(args: argparse.Namespace) -> int:

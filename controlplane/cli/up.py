@@ -10,13 +10,20 @@ Everything lives under ``--dir`` (default: a fresh temporary folder), secured as
 * ``admin.token``: an admin bearer token (``cp_<id>_<secret>``) that the lease holder registers
   (``admin_token_file``); ``adapter.token``: the token the adapters demand and the coordinators
   send (``auth_token_file`` / ``adapter_token_file``);
+* adapter channels are mutual TLS: each coordinator has ``pki/coordinator-<node_id>.pem`` (URI SAN
+  ``controlplane://coordinator/<node_id>``, ``adapter_tls``) and the adapters accept only such
+  client certificates (``tls.client_ca_file``); ``fence/fence-key.pem`` is the coordinators' fence
+  key (``fence_key_file``) and the adapters verify every epoch with ``fence/fence.pub.pem``
+  (``fence_public_key_files``);
 * one YAML configuration per coordinator and per adapter, their data and logs;
 * ``tenantctl.yaml``: a tenantctl configuration (context ``local``: the endpoints, the CA, the admin
   token); ``up`` prints its path and ``export TENANTCTL_CONFIG=...``.
 
 Files holding a secret (tokens, keys, the coordinators' configurations with the Raft password, the
 tenantctl configuration) are mode 0600; ``up`` never prints a token. Ctrl-C or SIGTERM stops every
-child (SIGTERM, then SIGKILL after a grace period).
+child (SIGTERM, then SIGKILL after a grace period). ``up`` exits (and stops the adapters) only
+once no coordinator has run for ``GONE_GRACE_S``: a coordinator restarted by hand from its
+configuration here counts, since something listens on its addresses.
 """
 
 from __future__ import annotations
@@ -82,18 +89,49 @@ class LocalSecurity:
     key_file: Path
     admin_token_file: Path
     adapter_token_file: Path
+    fence_key_file: Path | None = None
+    fence_public_key_file: Path | None = None
 
     @property
     def admin_token(self) -> str:
         return self.admin_token_file.read_text(encoding="utf-8").strip()
 
-    def coordinator_fields(self) -> dict[str, object]:
-        """The security part of a coordinator's configuration (``controlplane.config``)."""
-        return {
+    def coordinator_fields(self, node_id: str | None = None) -> dict[str, object]:
+        """The security part of a coordinator's configuration (``controlplane.config``); with
+        ``node_id`` also its adapter client certificate (issued on first use) and the fence key."""
+        out: dict[str, object] = {
             "api_tls": {"cert_file": str(self.cert_file), "key_file": str(self.key_file), "ca_file": str(self.ca_file)},
             "admin_token_file": str(self.admin_token_file),
             "adapter_token_file": str(self.adapter_token_file),
         }
+        if node_id is not None:
+            cert, key = self.coordinator_cert(node_id)
+            out["adapter_tls"] = {"ca_file": str(self.ca_file), "cert_file": str(cert), "key_file": str(key)}
+            if self.fence_key_file is not None:
+                out["fence_key_file"] = str(self.fence_key_file)
+        return out
+
+    def coordinator_cert(self, node_id: str) -> tuple[Path, Path]:
+        """``pki/coordinator-<node_id>.pem`` and its key (URI SAN ``controlplane://coordinator/<node_id>``)."""
+        from controlplane.tls import DevPki, issue_coordinator_cert
+
+        root = self.ca_file.parent
+        cert, key = root / f"coordinator-{node_id}.pem", root / f"coordinator-{node_id}-key.pem"
+        if cert.is_file() and key.is_file():
+            return cert, key
+        return issue_coordinator_cert(DevPki(root, self.ca_file, root / "ca-key.pem", self.cert_file, self.key_file),
+                                      node_id)
+
+    def adapter_fields(self) -> dict[str, object]:
+        """The security part of an adapter's configuration (``adapters.config``): the token, mutual
+        TLS accepting coordinator certificates of this CA, and the fence public key."""
+        out: dict[str, object] = {
+            "auth_token_file": str(self.adapter_token_file),
+            "tls": {"cert_file": str(self.cert_file), "key_file": str(self.key_file), "client_ca_file": str(self.ca_file)},
+        }
+        if self.fence_public_key_file is not None:
+            out["fence_public_key_files"] = [str(self.fence_public_key_file)]
+        return out
 
 
 def make_local_security(root: Path) -> LocalSecurity:
@@ -114,7 +152,22 @@ def make_local_security(root: Path) -> LocalSecurity:
         write_secret(admin, new_token()[0] + "\n")
     if len(_read_or_empty(adapter)) < 32:
         write_secret(adapter, secrets.token_urlsafe(32) + "\n")
-    return LocalSecurity(pki_dir / names[0], pki_dir / names[1], pki_dir / names[2], admin, adapter)
+    fence = _fence_key(root / "fence")
+    return LocalSecurity(pki_dir / names[0], pki_dir / names[1], pki_dir / names[2], admin, adapter,
+                         fence.private_key, fence.public_key)
+
+
+def _fence_key(directory: Path):
+    """The group's fence key pair in ``directory`` (made once, reused by a restarted ``up``)."""
+    from controlplane.fencing import FenceKeyError, FenceKeyFiles, load_private_key, load_public_key, make_fence_key
+
+    files = FenceKeyFiles(directory / "fence-key.pem", directory / "fence.pub.pem")
+    try:
+        load_private_key(files.private_key)
+        load_public_key(files.public_key)
+        return files
+    except FenceKeyError:
+        return make_fence_key(directory)
 
 
 def _read_or_empty(path: Path) -> str:
@@ -150,7 +203,7 @@ def plan_group(n: int, root: Path, gpus_per_cluster: int = 8, *,
             "peers": [{"node_id": o.node_id, "zone": o.zone, "raft_address": o.raft_address, "api_address": o.api_address}
                       for o in nodes if o is not node],
             "clusters": adapters,
-            **(security.coordinator_fields() if security is not None else {}),
+            **(security.coordinator_fields(node.node_id) if security is not None else {}),
         }
         write_private(node.config, yaml.safe_dump(cfg, sort_keys=False))
     return nodes, adapters
@@ -191,7 +244,7 @@ def write_adapter_configs(root: Path, adapters: list[dict], security: LocalSecur
         path = root / f"{a['id']}.adapter.yaml"
         cfg = {
             "cluster_id": a["id"], "listen": a["adapter_address"], "state_dir": str(root / "adapters"), "nvml": False,
-            "auth_token_file": str(security.adapter_token_file), "backend": "simulated",
+            **security.adapter_fields(), "backend": "simulated",
             "simulated": {"seed": i + 1, "deployments": [{
                 "deployment": DEMO_DEPLOYMENT, "model": DEMO_MODEL, "cold_start_ms": 3_000, "warm_start_ms": 500,
                 "load": demo_load(),
@@ -262,6 +315,7 @@ def run_up(n: int, as_json: bool, root: str | None) -> int:
             print(f"  export TENANTCTL_CONFIG={tenantctl}", flush=True)
         names = [a["id"] for a in adapters] + [nd.node_id for nd in nodes]
         coordinators = children[len(adapters):]
+        group_gone = GoneFor(GONE_GRACE_S)
         reported: set[int] = set()
         while not stopping["flag"]:
             # A dead child is reported once and the rest keep running: killing the leader to watch the
@@ -271,13 +325,54 @@ def run_up(n: int, as_json: bool, root: str | None) -> int:
                     reported.add(ch.pid)
                     print(f"controlplane: {name} (pid {ch.pid}) exited with status {ch.returncode}; the others keep "
                           f"running (log: {base / (name + '.log')})", file=sys.stderr, flush=True)
-            if all(ch.poll() is not None for ch in coordinators):
+            # A coordinator restarted by hand (``controlplane coordinator --config <dir>/coord-a.yaml``,
+            # as the printed commands invite) is not our child: it counts as running while something
+            # listens on its addresses, so the adapters are not stopped under it.
+            if group_gone.update(any_coordinator_running(nodes, coordinators), time.monotonic()):
                 print(f"controlplane: error: every coordinator has exited; see the logs in {base}", file=sys.stderr)
                 return 1
             time.sleep(0.2)
         return 0
     finally:
         stop_children(children)
+
+
+GONE_GRACE_S = 5.0
+"""``up`` stops only after no coordinator has run for this long (a restart in progress is not the end)."""
+
+
+def listening(address: str, timeout_s: float = 0.2) -> bool:
+    """Whether something accepts TCP connections on ``host:port`` (127.0.0.1 here)."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def any_coordinator_running(nodes: list[NodePlan], children: list[subprocess.Popen]) -> bool:
+    """One of ``up``'s own coordinator children runs, or a coordinator restarted outside ``up``
+    listens on a planned node's API or Raft address."""
+    if any(ch.poll() is None for ch in children):
+        return True
+    return any(listening(nd.api_address) or listening(nd.raft_address) for nd in nodes)
+
+
+class GoneFor:
+    """True once ``update(False, now)`` has held for ``grace_s`` without a ``True`` in between."""
+
+    def __init__(self, grace_s: float) -> None:
+        self._grace_s = grace_s
+        self._since: float | None = None
+
+    def update(self, running: bool, now: float) -> bool:
+        if running:
+            self._since = None
+            return False
+        if self._since is None:
+            self._since = now
+        return now - self._since >= self._grace_s
 
 
 CHILD_EXE = [sys.executable, "-m", "controlplane.cli.main"]

@@ -45,6 +45,7 @@ from controlplane.ports import (
     AdapterCommand,
     ClusterAdapter,
     Fence,
+    FenceIssuer,
     ObservationSource,
     Replicator,
 )
@@ -62,7 +63,7 @@ RETRY_WINDOW_MS = 600_000
 REPORT_REPLAY_MS = 120_000
 """How far back a new holder reads the adapters' lifecycle reports (their ring buffers keep ~2 min)."""
 log = structlog.get_logger("controlplane.loop")
-__all__ = ["ACTION_OF_EVENT", "ControlLoop", "LiveDecision", "LoopStatistics", "TickReport"]
+__all__ = ["ACTION_OF_EVENT", "ControlLoop", "FencedOut", "LiveDecision", "LoopStatistics", "TickReport"]
 
 RETRIED_ACTIONS = ("sleep", "drain", "cancel")
 """Actions re-sent until delivered. A failed create or wake is not: ``facts`` declares the
@@ -77,6 +78,18 @@ class TickReport:
     facts: int
     sent: int
     send_failures: int
+
+
+@dataclass(frozen=True, slots=True)
+class FencedOut:
+    """A cluster whose adapter answered this holder's fence with a higher epoch."""
+
+    cluster_id: ClusterId
+    epoch: int
+    """The epoch this holder sent."""
+    adapter_epoch: int
+    """The higher one the adapter holds."""
+    since_ms: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,8 +115,15 @@ class ControlLoop:
         config: reconcile.ReconcileConfig | None = None,
         holder: str = "",
         act_delay_s: float = 0.0,
+        signer: FenceIssuer | None = None,
     ) -> None:
         self._holder = holder
+        self._signer = signer
+        """Signs (epoch, holder) with the coordinators' fence key; None: unsigned (dev adapters only)."""
+        self.fenced_out: dict[ClusterId, FencedOut] = {}
+        """Clusters whose adapter holds a higher epoch than this holder's: nothing is sent to them
+        (their bare fence is still sent every tick, so a reset adapter is commanded again). Replaced
+        whole on every change, never mutated, so another thread reads a consistent view."""
         self._act_delay_s = act_delay_s
         """Fault injection for process tests: a pause between the lease check and the first fence."""
         self._replicator = replicator
@@ -123,6 +143,8 @@ class ControlLoop:
         self._stats = {
             "ticks": 0, "commits": 0, "commands_sent": 0, "send_failures": 0, "stale_rejections": 0, "replayed_epochs": 0,
         }
+        self.stale_answers: dict[ClusterId, int] = {}
+        """Cluster -> stale-epoch answers its adapter gave this loop (the metric's counter)."""
         self._epoch_seen: int | None = None
         self._replayed_reports: list[InstanceReport] = []
         self._seen: dict[InstanceId, int] = {}
@@ -166,6 +188,8 @@ class ControlLoop:
         filtered, loads = self._filter(state, obs, now_ms)
         if epoch is None:
             self.live_decisions = {}
+            if self.fenced_out:
+                self.fenced_out = {}  # not acting: this node commands no adapter at all
             return TickReport(now_ms, False, None, 0, 0, 0)
         facts = reconcile.facts(state, obs, self._failures, now_ms, self._cfg, self._rng,
                                 seen=self._seen, delivery=self._delivery)
@@ -261,23 +285,54 @@ class ControlLoop:
 
         A new lease holder does this before anything else, so that commands of older epochs are
         refused before it reads the state it acts on; the holder repeats it every tick so adapters
-        learn a new epoch at once. False if an adapter knows a newer epoch (this node must not act).
+        learn a new epoch at once. An adapter that answers with a higher epoch is *fenced out*: this
+        loop sends it nothing more (a condition, a metric and one error line name it) while every
+        other cluster goes on: one adapter, poisoned or ahead, must never stall the others. It stays
+        fenced out until it accepts a fence again (an operator reset its epoch file, or this node's
+        epoch grew past it). Returns True (kept for callers: the tick always goes on).
         """
         fence = getattr(self._adapter, "fence", None)
         if fence is None:
             return True
-        for cid in sorted(self._replicator.state.clusters):
+        clusters = self._replicator.state.clusters
+        if any(cid not in clusters for cid in self.fenced_out):
+            self.fenced_out = {k: v for k, v in self.fenced_out.items() if k in clusters}
+        for cid in sorted(clusters):
             self._seq += 1
             try:
-                fence(cid, Fence(epoch, self._seq, self._holder), now_ms)
+                fence(cid, self._token(epoch), now_ms)
                 if answered is not None:
                     answered.append(cid)
-            except StaleEpoch:
+                self._fenced_in(cid, epoch)
+            except StaleEpoch as exc:
                 self._stats["stale_rejections"] += 1
-                return False
+                self._fenced_off(cid, epoch, exc, now_ms)
             except TemporaryError:
                 self._stats["send_failures"] += 1  # that cluster's commands will fail and feed its breaker
         return True
+
+    def _token(self, epoch: int) -> Fence:
+        if self._signer is None:
+            return Fence(epoch, self._seq, self._holder)
+        sig = self._signer.sign(epoch, self._holder)
+        return Fence(epoch, self._seq, self._holder, sig.signature, sig.key_id)
+
+    def _fenced_off(self, cid: ClusterId, epoch: int, exc: StaleEpoch, now_ms: int) -> None:
+        self.stale_answers = {**self.stale_answers, cid: self.stale_answers.get(cid, 0) + 1}
+        prev = self.fenced_out.get(cid)
+        if prev is not None and prev.epoch == epoch and prev.adapter_epoch == exc.highest:
+            return  # already raised and logged for these two epochs
+        self.fenced_out = {**self.fenced_out, cid: FencedOut(cid, epoch, exc.highest, prev.since_ms if prev else now_ms)}
+        log.error("adapter_stale_epoch", cluster=cid, epoch=epoch, adapter_epoch=exc.highest,
+                  reason=(f"the adapter of cluster {cid} holds epoch {exc.highest}, above this holder's {epoch}: "
+                          f"nothing is sent to it until it accepts this epoch (a newer holder exists, or its epoch file "
+                          f"needs an operator's reset: docs/lease.md \"Recovery\"); the other clusters go on"))
+
+    def _fenced_in(self, cid: ClusterId, epoch: int) -> None:
+        if cid in self.fenced_out:
+            was = self.fenced_out[cid]
+            self.fenced_out = {k: v for k, v in self.fenced_out.items() if k != cid}
+            log.warning("adapter_epoch_accepted", cluster=cid, epoch=epoch, previous_adapter_epoch=was.adapter_epoch)
 
     def _commit(self, commands: Sequence[c.Command], now_ms: int) -> ApplyResult:
         if not commands:
@@ -343,14 +398,21 @@ class ControlLoop:
         for cmd in outgoing:
             if self._authority(now_ms) != epoch:
                 break  # the lease lapsed during this tick (a slow commit, a pause): stop at once
+            cid = cmd.instance.cluster
+            if cid in self.fenced_out:  # its adapter holds a higher epoch: this cluster only gets nothing
+                failed += 1
+                self._remember_failure(cmd, now_ms)
+                continue
             self._seq += 1
             try:
-                self._adapter.send(cmd.instance.cluster, cmd, Fence(epoch, self._seq, self._holder), now_ms)
+                self._adapter.send(cid, cmd, self._token(epoch), now_ms)
                 sent += 1
                 self._undelivered.pop(cmd.request_id, None)
-            except StaleEpoch:
+            except StaleEpoch as exc:  # fenced out between this tick's fence and now: that cluster only
                 self._stats["stale_rejections"] += 1
-                break  # a newer leader exists: stop acting at once
+                failed += 1
+                self._fenced_off(cid, epoch, exc, now_ms)
+                self._remember_failure(cmd, now_ms)
             except TemporaryError:
                 failed += 1
                 self._remember_failure(cmd, now_ms)

@@ -18,6 +18,9 @@ replicated part, so a scrape of any member shows the fleet) plus what only this 
 ``controlplane_deployment_slo_ttft_p99_seconds{tenant,deployment}``  the tenant's TTFT SLO
 ``controlplane_deployment_ttft_p99_seconds{tenant,deployment}``      observed TTFT p99 (lease holder only:
                                                             only it filters live signals)
+``controlplane_adapter_stale_epoch{cluster}``               1 while this holder sends the cluster's adapter nothing
+                                                            because it holds a higher epoch (alert on it: docs/lease.md)
+``controlplane_adapter_stale_epoch_answers_total{cluster}`` stale-epoch answers from that adapter (this process)
 ``controlplane_tick_duration_seconds`` (histogram)          one control-loop tick, I/O included
 ``controlplane_ticks_total{outcome}``                       ``ok`` / ``skipped`` (not leader, timeout) / ``failed``
 ``controlplane_instance_transitions_total{...}``            (:mod:`controlplane.runtime.transitions`)
@@ -35,7 +38,7 @@ from collections import Counter as Tally
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from controlplane import __version__
@@ -60,6 +63,10 @@ class MetricsView:
     state: ControlState
     ttft_p99_ms: Mapping[str, float] = field(default_factory=dict)
     """Observed TTFT p99 per deployment (only on the lease holder)."""
+    fenced_clusters: frozenset[str] = frozenset()
+    """Clusters whose adapter holds a higher epoch than this holder's (the loop sends them nothing)."""
+    stale_answers: Mapping[str, int] = field(default_factory=dict)
+    """Cluster -> stale-epoch answers its adapter gave this process."""
 
 
 def _gauge(name: str, doc: str, value: float | None = None, labels: tuple[str, ...] = ()) -> GaugeMetricFamily:
@@ -122,6 +129,18 @@ def families(v: MetricsView) -> Iterator[GaugeMetricFamily]:
         trips.add_metric([key], rec.trips)
     yield open_
     yield trips
+
+    stale = _gauge("controlplane_adapter_stale_epoch",
+                   "1 while the cluster's adapter holds a higher epoch than this holder's (nothing is sent to it).",
+                   labels=("cluster",))
+    for cid in sorted(set(map(str, s.clusters)) | set(v.fenced_clusters)):
+        stale.add_metric([cid], float(cid in v.fenced_clusters))
+    yield stale
+    answers = CounterMetricFamily("controlplane_adapter_stale_epoch_answers",
+                                  "Stale-epoch answers from the cluster's adapter to this process.", labels=["cluster"])
+    for cid, n in sorted(v.stale_answers.items()):
+        answers.add_metric([cid], n)
+    yield answers
 
 
 class CoordinatorCollector(Collector):

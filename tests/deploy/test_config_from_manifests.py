@@ -12,6 +12,7 @@ import pytest
 from adapters.config import load_adapter_config
 from controlplane.cli.tenantctl import config as tenantctl_config
 from controlplane.config import ConfigError, CoordinatorConfig, load_config
+from controlplane.fencing import make_fence_key
 from controlplane.tls import make_dev_pki
 from controlplane.tokens import new_token
 from tests.deploy.manifests import (
@@ -44,11 +45,15 @@ def remap(text: str, tmp: Path) -> str:
 
 
 def pod_env(container: Obj, pod_name: str, zone: str) -> dict[str, str]:
-    """The CONTROLPLANE_* variables the kubelet would set (Downward API resolved for ``pod_name``)."""
-    env = {}
+    """The CONTROLPLANE_* variables the kubelet would set (Downward API resolved for ``pod_name``,
+    ``$(NAME)`` references to earlier variables expanded as the kubelet does)."""
+    env: dict[str, str] = {}
     for e in container.get("env", []):
         if "value" in e:
-            env[e["name"]] = e["value"]
+            value = e["value"]
+            for name, earlier in env.items():
+                value = value.replace(f"$({name})", earlier)
+            env[e["name"]] = value
             continue
         path = e["valueFrom"]["fieldRef"]["fieldPath"]
         env[e["name"]] = {"metadata.name": pod_name, "metadata.labels['topology.kubernetes.io/zone']": zone}[path]
@@ -59,15 +64,40 @@ def write_secret_files(cfg_text: str, tmp: Path, *, placeholder_from: dict[str, 
     """A usable file (or, with ``placeholder_from``, the shipped content) at every secret path the
     configuration names."""
     pki = make_dev_pki(tmp / "pki", hosts=("127.0.0.1", "localhost"))
+    fence = make_fence_key(tmp / "fence")
     usable = {"password": b"a-raft-password-of-32-characters", "tls.crt": pki.server_cert.read_bytes(),
               "tls.key": pki.server_key.read_bytes(), "ca.crt": pki.ca_cert.read_bytes(),
-              "admin": new_token()[0].encode(), "adapter": b"an-adapter-token-of-32-characters", "token": b"an-adapter-token-of-32-characters"}
+              "admin": new_token()[0].encode(), "adapter": b"an-adapter-token-of-32-characters", "token": b"an-adapter-token-of-32-characters",
+              "fence-key.pem": fence.private_key.read_bytes(), "fence.pub.pem": fence.public_key.read_bytes()}
     for word in cfg_text.split():
         if word.startswith(SECRETS):
             target = tmp / "secrets" / word[len(SECRETS):]
             target.parent.mkdir(parents=True, exist_ok=True)
             source = placeholder_from if placeholder_from is not None else usable
             target.write_bytes(source[target.name])
+
+
+def adapter_tls_paths(env: dict[str, str]) -> list[str]:
+    """The files ``CONTROLPLANE_ADAPTER_TLS`` (JSON) names for one pod."""
+    import json
+
+    return list(json.loads(env["CONTROLPLANE_ADAPTER_TLS"]).values())
+
+
+def write_member_cert(env: dict[str, str], tmp: Path, pod: str) -> dict[str, str]:
+    """This member's adapter client certificate where its (remapped) ``CONTROLPLANE_ADAPTER_TLS`` says."""
+    import json
+
+    from controlplane.tls import DevPki, issue_coordinator_cert
+
+    pki = DevPki(tmp / "pki", tmp / "pki" / "ca.pem", tmp / "pki" / "ca-key.pem", tmp / "pki" / "server.pem",
+                 tmp / "pki" / "server-key.pem")
+    cert, key = issue_coordinator_cert(pki, pod)
+    tls = {k: remap(v, tmp) for k, v in json.loads(env["CONTROLPLANE_ADAPTER_TLS"]).items()}
+    for field, source in (("ca_file", pki.ca_cert), ("cert_file", cert), ("key_file", key)):
+        Path(tls[field]).parent.mkdir(parents=True, exist_ok=True)
+        Path(tls[field]).write_bytes(source.read_bytes())
+    return {**env, "CONTROLPLANE_ADAPTER_TLS": json.dumps(tls)}
 
 
 def coordinator_parts(folder: str) -> tuple[list[Obj], Obj, Obj, str]:
@@ -100,7 +130,13 @@ def test_every_member_loads_its_configuration_with_the_real_loader(folder: str, 
         pod = f"{sts['metadata']['name']}-{i}"
         env = pod_env(container, pod, zone=f"real-zone-{i}")
         assert set(env) <= {f"CONTROLPLANE_{f.upper()}" for f in CoordinatorConfig.model_fields}, "env names a real field"
+        for file in adapter_tls_paths(env):  # this member's own adapter certificate, by pod name
+            assert mounted_file(spec, container, file, objs) is not None, f"{pod}: {file}: not a mounted Secret key"
+        assert f"/{pod}.crt" in env["CONTROLPLANE_ADAPTER_TLS"]
+        env = write_member_cert(env, tmp_path, pod)
         cfg = load_config(path, env=env)
+        assert cfg.adapter_tls is not None and cfg.adapter_tls.cert_file.name == f"{pod}.crt"
+        assert cfg.fence_key_file is not None
         assert cfg.node_id == pod and cfg.zone == f"real-zone-{i}"
         assert [p.node_id for p in cfg.peers] == [p["node_id"] for p in peers if p["node_id"] != pod]
         assert cfg.raft_address == f"{pod}.{service}.{ns}.svc.cluster.local:{container_port(container, 'raft')}"
@@ -157,10 +193,18 @@ def test_the_adapter_loads_its_configuration_and_its_ports_agree(folder: str, tm
     assert cfg.backend == "kubernetes" and cfg.nvml is False
     assert cfg.state_dir.is_relative_to(tmp_path / "state")
     assert cfg.auth_token() is not None
+    assert cfg.client_ca() is not None and cfg.fence_verifier() is not None  # mutual TLS, signed epochs
     port = port_of(cfg.listen)
     assert container_port(container, "grpc") == port
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert container[probe]["grpc"]["port"] == port
+    probes = exec_probes(container)
+    assert len(probes) == 3
+    assert cfg.tls is not None
+    for probe in probes:  # grpc.health.v1 over the adapter's mutual TLS, with files the pod mounts
+        assert probe[:4] == ["controlplane", "health", "--endpoint", f"127.0.0.1:{port}"]
+        flags = dict(zip(probe[4::2], probe[5::2]))
+        assert flags["--ca-file"] == str(cfg.tls.client_ca_file).replace(f"{tmp_path}/secrets/", SECRETS)
+        for flag in ("--ca-file", "--cert-file", "--key-file"):
+            assert mounted_file(spec, container, flags[flag], objs) is not None, flags[flag]
     assert service_port(one(objs, "Service", "adapter"), "grpc") == (port, "grpc")
     policy = one(objs, "NetworkPolicy", "adapter")
     assert [p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]] == [port]
@@ -180,9 +224,11 @@ def test_the_shipped_placeholder_secrets_are_refused_so_an_unedited_install_fail
     write_secret_files(text, tmp_path)
     path = tmp_path / "coordinator.yaml"
     path.write_text(remap(text, tmp_path), encoding="utf-8")
-    env = pod_env(container, "coordinator-0", "z")
+    env = write_member_cert(pod_env(container, "coordinator-0", "z"), tmp_path, "coordinator-0")
     load_config(path, env=env)  # usable secrets: fine
-    for name, field in (("raft/password", "password_file"), ("tokens/admin", "admin_token_file")):
+    shipped["fence-key.pem"] = (base / "coordinator/secrets/fence-key.pem").read_bytes()
+    for name, field in (("raft/password", "password_file"), ("tokens/admin", "admin_token_file"),
+                        ("fence/fence-key.pem", "fence_key_file")):
         secret = tmp_path / "secrets" / name
         good = secret.read_bytes()
         secret.write_bytes(shipped[secret.name])
@@ -194,9 +240,20 @@ def test_the_shipped_placeholder_secrets_are_refused_so_an_unedited_install_fail
     apath.write_text(remap(adapter_text, tmp_path), encoding="utf-8")
     write_secret_files(adapter_text, tmp_path)
     load_adapter_config(apath)
+    good_token = (tmp_path / "secrets" / "adapter-token" / "token").read_bytes()
     (tmp_path / "secrets" / "adapter-token" / "token").write_bytes(shipped["token"])
     with pytest.raises(ConfigError, match="auth_token_file"):
         load_adapter_config(apath)
+    (tmp_path / "secrets" / "adapter-token" / "token").write_bytes(good_token)
+    for name, field in (("adapter-tls/ca.crt", "tls.client_ca_file"), ("fence/fence.pub.pem", "fence_public_key_files[0]"),
+                        ("adapter-tls/tls.crt", "tls.cert_file")):
+        secret = tmp_path / "secrets" / name
+        good = secret.read_bytes()
+        secret.write_bytes((base / "adapter/secrets" / secret.name).read_bytes())
+        with pytest.raises(ConfigError) as err:
+            load_adapter_config(apath)
+        assert err.value.field == field
+        secret.write_bytes(good)
     # the PEM placeholders are not PEM: the TLS server cannot start with them
     for pem in ("tls.crt", "tls.key", "ca.crt"):
         assert b"-----BEGIN" not in (base / "coordinator/secrets" / pem).read_bytes()

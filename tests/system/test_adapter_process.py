@@ -34,10 +34,13 @@ def start_adapter(config: Path | None, log: Path, args: list[str] | None = None)
     return proc
 
 
-def wait_serving(address: str, proc: subprocess.Popen, timeout_s: float = 20.0, ca_file: Path | None = None) -> None:
+def wait_serving(address: str, proc: subprocess.Popen, timeout_s: float = 20.0, ca_file: Path | None = None,
+                 client: tuple[Path, Path] | None = None) -> None:
     deadline = time.monotonic() + timeout_s
-    with (grpc.secure_channel(address, grpc.ssl_channel_credentials(ca_file.read_bytes())) if ca_file
-          else grpc.insecure_channel(address)) as ch:
+    creds = None if ca_file is None else grpc.ssl_channel_credentials(
+        ca_file.read_bytes(), private_key=client[1].read_bytes() if client else None,
+        certificate_chain=client[0].read_bytes() if client else None)
+    with (grpc.secure_channel(address, creds) if creds is not None else grpc.insecure_channel(address)) as ch:
         stub = health_pb2_grpc.HealthStub(ch)
         while time.monotonic() < deadline:
             assert proc.poll() is None, f"adapter exited with {proc.returncode}"
@@ -107,9 +110,13 @@ def test_the_highest_epoch_survives_an_adapter_restart_and_duplicates_apply_once
     ({"cluster_id": "c1", "listen": "0.0.0.0:7001", "state_dir": "s", "backend": "recording", "recording": {"path": "r"}},
      ("auth_token_file: required because listen 0.0.0.0:7001 is not a loopback address "
       "(anyone who reaches it could command the cluster)")),
-    ({"cluster_id": "c1", "listen": "0.0.0.0:7001", "state_dir": "s", "backend": "recording", "recording": {"path": "r"},
+    ({"cluster_id": "c1", "listen": "127.0.0.1:7001", "state_dir": "s", "backend": "recording", "recording": {"path": "r"},
       "auth_token_file": "missing.token"},
      "auth_token_file: cannot read '{dir}/missing.token': No such file or directory"),
+    ({"cluster_id": "c1", "listen": "0.0.0.0:7001", "state_dir": "s", "backend": "recording", "recording": {"path": "r"},
+      "auth_token_file": "missing.token"},
+     ("tls: required because listen 0.0.0.0:7001 is not a loopback address (adapter channels are mutual TLS: "
+      "cert_file, key_file, client_ca_file)")),
 ])
 def test_a_bad_adapter_configuration_is_one_line_naming_the_field(tmp_path: Path, config: dict, expected: str) -> None:
     path = tmp_path / "adapter.yaml"
@@ -191,11 +198,15 @@ def test_two_adapter_processes_racing_on_one_kubernetes_cluster_cannot_apply_a_s
 TOKEN = "adapter-token-0123456789abcdef"
 
 
-def test_an_adapter_on_all_interfaces_needs_the_token_and_speaks_tls(tmp_path: Path) -> None:
+def test_an_adapter_on_all_interfaces_needs_mutual_tls_the_token_and_signed_epochs(tmp_path: Path) -> None:
+    from adapters.client import AdapterTls
     from controlplane.domain.errors import Unavailable
-    from controlplane.tls import make_dev_pki
+    from controlplane.fencing import FenceSigner, make_fence_key
+    from controlplane.tls import issue_coordinator_cert, make_dev_pki
 
     pki = make_dev_pki(tmp_path / "pki")
+    fence = make_fence_key(tmp_path / "fence")
+    coord = issue_coordinator_cert(pki, "coord-a")
     port = free_ports(1)[0]
     (tmp_path / "adapter.token").write_text(TOKEN + "\n")
     (tmp_path / "adapter.token").chmod(0o600)
@@ -203,16 +214,22 @@ def test_an_adapter_on_all_interfaces_needs_the_token_and_speaks_tls(tmp_path: P
     config.write_text(yaml.safe_dump({
         "cluster_id": "gpu-a1", "listen": f"0.0.0.0:{port}", "state_dir": "state", "nvml": False, "backend": "recording",
         "recording": {"path": "record.jsonl"}, "auth_token_file": "adapter.token",
-        "tls": {"cert_file": "pki/server.pem", "key_file": "pki/server-key.pem"},
+        "tls": {"cert_file": "pki/server.pem", "key_file": "pki/server-key.pem", "client_ca_file": "pki/ca.pem"},
+        "fence_public_key_files": ["fence/fence.pub.pem"],
     }))
     address = f"127.0.0.1:{port}"
-    good = RemoteAdapter({"gpu-a1": address}, deadline_s=5.0, token=TOKEN, ca_file=str(pki.ca_cert))
-    anonymous = RemoteAdapter({"gpu-a1": address}, deadline_s=5.0, ca_file=str(pki.ca_cert))
+    tls = AdapterTls(pki.ca_cert, *coord)
+    good = RemoteAdapter({"gpu-a1": address}, deadline_s=5.0, token=TOKEN, tls=tls)
+    anonymous = RemoteAdapter({"gpu-a1": address}, deadline_s=5.0, tls=tls)
     plaintext = RemoteAdapter({"gpu-a1": address}, deadline_s=2.0, token=TOKEN)
+    signer = FenceSigner.from_file(fence.private_key)
+    sig = signer.sign(3, "coord-a")
     proc = start_adapter(config, tmp_path / "adapter.log")
     try:
-        wait_serving(address, proc, ca_file=pki.ca_cert)
-        good.fence("gpu-a1", Fence(3, 1, "coord-a"), 0)
+        wait_serving(address, proc, ca_file=pki.ca_cert, client=coord)
+        good.fence("gpu-a1", Fence(3, 1, "coord-a", sig.signature, sig.key_id), 0)
+        with pytest.raises(Unavailable, match="PERMISSION_DENIED: fence.signature: missing"):
+            good.fence("gpu-a1", Fence(2**63 - 1, 2, "coord-a"), 0)  # the poisoned fence: refused
         with pytest.raises(Unavailable, match="UNAUTHENTICATED"):
             anonymous.fence("gpu-a1", Fence(4, 1, "coord-b"), 0)
         with pytest.raises(Unavailable):
@@ -222,10 +239,12 @@ def test_an_adapter_on_all_interfaces_needs_the_token_and_speaks_tls(tmp_path: P
         for c in (good, anonymous, plaintext):
             c.close()
     assert proc.returncode == 0
-    assert json.loads((tmp_path / "state" / "gpu-a1.epoch.json").read_text()) == {"epoch": 3, "holder": "coord-a"}
+    record = json.loads((tmp_path / "state" / "gpu-a1.epoch.json").read_text())
+    assert (record["epoch"], record["holder"], record["key_id"]) == (3, "coord-a", signer.key_id)
     log = (tmp_path / "adapter.log").read_text()
-    assert TOKEN not in log and "unauthenticated (loopback only)" not in log
-    assert '"call_unauthenticated"' in log and '"authenticated": true' in log and '"tls": true' in log
+    assert TOKEN not in log and "unauthenticated (loopback only)" not in log and "(loopback only)" not in log
+    assert '"call_unauthenticated"' in log and '"authenticated": true' in log and '"mutual_tls": true' in log
+    assert '"fence_refused"' in log
 
 
 def test_the_legacy_flags_take_a_token_file_and_loopback_without_one_warns_once(tmp_path: Path) -> None:

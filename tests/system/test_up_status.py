@@ -72,6 +72,9 @@ def check_up_security(root: Path, listing: dict) -> None:
     for a in listing["adapters"]:
         log = (root / f"{a['id']}.log").read_text()
         assert '"authenticated": true' in log and '"call_unauthenticated"' not in log
+        # Mutual TLS (coordinator certificates only) and signed epochs: no loopback-dev warning.
+        assert '"mutual_tls": true' in log and '"fence_keys": ["' in log and '"level": "warning"' not in log
+        assert '"call_not_from_coordinator"' not in log and '"fence_refused"' not in log
 
 
 def test_status_of_an_unreachable_endpoint_exits_non_zero() -> None:

@@ -366,15 +366,18 @@ def test_ring_buffer_batches_sent_at_connect_keep_their_age(adapters, observatio
 TOKEN = "adapter-token-0123456789abcdef"
 
 
-def test_observations_flow_with_the_token_over_tls(adapters, observations, tmp_path: Path) -> None:
-    from controlplane.tls import make_dev_pki
+def test_observations_flow_with_the_token_over_mutual_tls(adapters, observations, tmp_path: Path) -> None:
+    from adapters.client import AdapterTls
+    from controlplane.tls import issue_coordinator_cert, make_dev_pki
 
     pki = make_dev_pki(tmp_path / "pki")
     clock = FakeClock(5_000_000)
     server, backend = adapters.start("c1", clock, auth_token=TOKEN,
-                                     tls=(pki.server_cert.read_bytes(), pki.server_key.read_bytes()))
+                                     tls=(pki.server_cert.read_bytes(), pki.server_key.read_bytes()),
+                                     client_ca=pki.ca_cert.read_bytes())
     local = FakeClock(5_000_000)
-    obs = observations({"c1": addr(server)}, local, token=TOKEN, ca_file=str(pki.ca_cert))
+    cert, key = issue_coordinator_cert(pki, "n1")
+    obs = observations({"c1": addr(server)}, local, token=TOKEN, tls=AdapterTls(pki.ca_cert, cert, key))
     wait_until(lambda: obs.connected["c1"], what="the stream to connect")
     backend.queue.append(Observations(clock.now, (sample("i1", clock.now),)))
     pumped(obs, server)

@@ -40,13 +40,23 @@ SIMULATED: dict[str, Any] = {
 RECORDING: dict[str, Any] = {
     "cluster_id": "c1", "listen": "0.0.0.0:7002", "state_dir": "/var/lib/adapter", "backend": "recording",
     "recording": {"path": "records/c1.jsonl"}, "auth_token_file": "adapter.token",
+    "tls": {"cert_file": "pki/server.pem", "key_file": "pki/server-key.pem", "client_ca_file": "pki/ca.pem"},
+    "fence_public_key_files": ["fence/fence.pub.pem"],
 }
+"""Off loopback: a token, mutual TLS and the fence public key (all three are required there)."""
 TOKEN = "s3cret-adapter-token-0123456789"
 
 
 def write(tmp_path: Path, data: Any, name: str = "adapter.yaml") -> Path:
+    from controlplane.fencing import make_fence_key
+    from controlplane.tls import make_dev_pki
+
     path = tmp_path / name
     (tmp_path / "adapter.token").write_text(TOKEN + "\n")
+    if not (tmp_path / "pki" / "ca.pem").exists():
+        make_dev_pki(tmp_path / "pki")
+    if not (tmp_path / "fence" / "fence.pub.pem").exists():
+        make_fence_key(tmp_path / "fence")
     path.write_text(data if isinstance(data, str) else yaml.safe_dump(data), encoding="utf-8")
     return path
 
@@ -202,20 +212,44 @@ def test_tls_files_resolve_relative_and_must_be_pem(tmp_path: Path) -> None:
     from controlplane.tls import make_dev_pki
 
     make_dev_pki(tmp_path / "pki")
+    ca = {"client_ca_file": "pki/ca.pem"}
     cfg = load_adapter_config(write(tmp_path, dict(RECORDING, tls={"cert_file": "pki/server.pem",
-                                                                    "key_file": "pki/server-key.pem"})))
+                                                                    "key_file": "pki/server-key.pem", **ca})))
     assert cfg.tls is not None and cfg.tls.cert_file == tmp_path / "pki" / "server.pem"
     cert, key = cfg.tls_pair()
     assert cert.startswith(b"-----BEGIN CERTIFICATE") and key.startswith(b"-----BEGIN PRIVATE KEY")
-    swapped = write(tmp_path, dict(RECORDING, tls={"cert_file": "pki/server-key.pem", "key_file": "pki/server-key.pem"}))
+    swapped = write(tmp_path, dict(RECORDING, tls={"cert_file": "pki/server-key.pem", "key_file": "pki/server-key.pem", **ca}))
     with pytest.raises(ConfigError, match="tls.cert_file: .* is not a PEM certificate") as err:
         load_adapter_config(swapped)
     assert err.value.field == "tls.cert_file"
-    missing = write(tmp_path, dict(RECORDING, tls={"cert_file": "pki/server.pem", "key_file": "pki/nope.pem"}))
+    missing = write(tmp_path, dict(RECORDING, tls={"cert_file": "pki/server.pem", "key_file": "pki/nope.pem", **ca}))
     with pytest.raises(ConfigError, match="tls.key_file: cannot read") as err:
         load_adapter_config(missing)
-    err = refused(tmp_path, dict(RECORDING, tls={"cert_file": "pki/server.pem"}))
+    err = refused(tmp_path, dict(RECORDING, tls={"cert_file": "pki/server.pem", **ca}))
     assert err.field == "tls.key_file" and "required" in str(err)
+
+
+def test_off_loopback_mutual_tls_and_fence_keys_are_required(tmp_path: Path) -> None:
+    cfg = load_adapter_config(write(tmp_path, RECORDING))
+    assert cfg.client_ca() is not None and cfg.fence_verifier() is not None
+    assert cfg.tls is not None and cfg.tls.client_ca_file == tmp_path / "pki" / "ca.pem"
+    assert cfg.fence_public_key_files == [tmp_path / "fence" / "fence.pub.pem"]
+    no_tls = {k: v for k, v in RECORDING.items() if k != "tls"}
+    err = refused(tmp_path, no_tls)
+    assert err.field == "tls" and "not a loopback address" in str(err) and "mutual TLS" in str(err)
+    err = refused(tmp_path, dict(RECORDING, tls={"cert_file": "pki/server.pem", "key_file": "pki/server-key.pem"}))
+    assert err.field == "tls.client_ca_file" and "only coordinator certificates" in str(err)
+    err = refused(tmp_path, dict(RECORDING, fence_public_key_files=[]))
+    assert err.field == "fence_public_key_files" and "signed by a coordinator's fence key" in str(err)
+    err = refused(tmp_path, dict(RECORDING, fence_public_key_files=["fence/fence.pub.pem", "pki/ca.pem"]))
+    assert err.field == "fence_public_key_files[1]" and "not a PEM public key" in str(err)
+    err = refused(tmp_path, dict(RECORDING, fence_public_key_files=["fence/fence-key.pem"]))
+    assert err.field == "fence_public_key_files[0]" and "not a PEM public key" in str(err)
+    err = refused(tmp_path, dict(RECORDING, tls=dict(RECORDING["tls"], client_ca_file="pki/server-key.pem")))
+    assert err.field == "tls.client_ca_file" and "not a PEM certificate" in str(err)
+    # Loopback: each layer may be left out (development); the adapter then warns once per layer.
+    dev = load_adapter_config(write(tmp_path, dict(SIMULATED, listen="127.0.0.1:7001")))
+    assert dev.client_ca() is None and dev.fence_verifier() is None
 
 
 # --- the CLI ------------------------------------------------------------------------------------------
@@ -260,8 +294,11 @@ def test_cli_legacy_flags_need_a_token_off_loopback(tmp_path: Path) -> None:
     assert_one_line_refusal(run_cli(*flags, "--listen", "0.0.0.0:7001", cwd=tmp_path),
                             "--auth-token-file: required because listen 0.0.0.0:7001")
     (tmp_path / "weak.token").write_text("weak")
-    assert_one_line_refusal(run_cli(*flags, "--listen", "0.0.0.0:7001", "--auth-token-file", str(tmp_path / "weak.token"),
+    assert_one_line_refusal(run_cli(*flags, "--listen", "127.0.0.1:7001", "--auth-token-file", str(tmp_path / "weak.token"),
                                     cwd=tmp_path), "--auth-token-file:", "at least 16 characters")
+    (tmp_path / "good.token").write_text("g" * 32)  # off loopback the flags cannot give mutual TLS: --config
+    assert_one_line_refusal(run_cli(*flags, "--listen", "0.0.0.0:7001", "--auth-token-file", str(tmp_path / "good.token"),
+                                    cwd=tmp_path), "--listen: tls: required because listen 0.0.0.0:7001")
     assert not (tmp_path / "s").exists()
 
 

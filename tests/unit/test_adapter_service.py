@@ -16,7 +16,9 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from adapters.backend import MAX_GPUS_PER_INSTANCE, MAX_REPLICAS, InstanceCommand, ScaleCommand
 from adapters.client import RemoteAdapter, _raise_translated
 from adapters.service import (
+    PLAINTEXT_WARNING,
     SERVICE_NAME,
+    UNSIGNED_FENCE_WARNING,
     FencingGuard,
     ObservationHub,
     RecordingBackend,
@@ -682,10 +684,25 @@ def test_without_a_token_only_loopback_and_one_warning(tmp_path: Path) -> None:
         server = serve_adapter("c1", "127.0.0.1:0", tmp_path / "state", RecordingBackend(tmp_path / "r.jsonl"), observe=False)
     server.stop(0.1)
     warnings = [e for e in logs if e["log_level"] == "warning"]
-    assert [e["event"] for e in warnings] == ["adapter is unauthenticated (loopback only)"]
+    assert [e["event"] for e in warnings] == ["adapter is unauthenticated (loopback only)", PLAINTEXT_WARNING,
+                                              UNSIGNED_FENCE_WARNING]
+    with pytest.raises(ValidationError) as err:  # off loopback a token alone is not enough: mutual TLS
+        serve_adapter("c1", "0.0.0.0:0", tmp_path / "state", RecordingBackend(tmp_path / "r.jsonl"), observe=False,
+                      auth_token=TOKEN)
+    assert err.value.field == "tls" and "mutual TLS" in str(err.value)
+    from controlplane.fencing import FenceVerifier, make_fence_key
+    from controlplane.tls import make_dev_pki
+
+    pki = make_dev_pki(tmp_path / "pki")
+    tls = (pki.server_cert.read_bytes(), pki.server_key.read_bytes())
+    with pytest.raises(ValidationError) as err:
+        serve_adapter("c1", "0.0.0.0:0", tmp_path / "state", RecordingBackend(tmp_path / "r.jsonl"), observe=False,
+                      auth_token=TOKEN, tls=tls, client_ca=pki.ca_cert.read_bytes())
+    assert err.value.field == "fence_public_key_files"
+    verifier = FenceVerifier.from_files([make_fence_key(tmp_path / "fence").public_key])
     with capture_logs() as logs:
         server = serve_adapter("c1", "0.0.0.0:0", tmp_path / "state", RecordingBackend(tmp_path / "r.jsonl"), observe=False,
-                               auth_token=TOKEN)
+                               auth_token=TOKEN, tls=tls, client_ca=pki.ca_cert.read_bytes(), fence_verifier=verifier)
     server.stop(0.1)
     assert not [e for e in logs if e["log_level"] == "warning"]
     assert TOKEN not in repr(logs)
@@ -705,14 +722,21 @@ def test_is_loopback(address: str, loopback: bool) -> None:
 def test_tls_with_a_token_end_to_end_and_plaintext_is_refused(tmp_path: Path) -> None:
     from controlplane.tls import make_dev_pki
 
+    from adapters.client import AdapterTls
+    from controlplane.tls import issue_coordinator_cert
+
     pki = make_dev_pki(tmp_path / "pki")
+    cert, key = issue_coordinator_cert(pki, "n1")
     record = tmp_path / "record.jsonl"
     server = serve_adapter("c1", "127.0.0.1:0", tmp_path / "state", RecordingBackend(record), observe=False,
-                           auth_token=TOKEN, tls=(pki.server_cert.read_bytes(), pki.server_key.read_bytes()))
-    client = RemoteAdapter({"c1": f"127.0.0.1:{server.port}"}, deadline_s=5.0, token=TOKEN, ca_file=str(pki.ca_cert))
-    plain = RemoteAdapter({"c1": f"127.0.0.1:{server.port}"}, deadline_s=1.0, token=TOKEN)
+                           auth_token=TOKEN, tls=(pki.server_cert.read_bytes(), pki.server_key.read_bytes()),
+                           client_ca=pki.ca_cert.read_bytes())
+    address = {"c1": f"127.0.0.1:{server.port}"}
+    client = RemoteAdapter(address, deadline_s=5.0, token=TOKEN, tls=AdapterTls(pki.ca_cert, cert, key))
+    plain = RemoteAdapter(address, deadline_s=1.0, token=TOKEN)
     other_ca = make_dev_pki(tmp_path / "other")
-    stranger = RemoteAdapter({"c1": f"127.0.0.1:{server.port}"}, deadline_s=1.0, token=TOKEN, ca_file=str(other_ca.ca_cert))
+    stranger = RemoteAdapter(address, deadline_s=1.0, token=TOKEN,
+                             tls=AdapterTls(other_ca.ca_cert, *issue_coordinator_cert(other_ca, "n1")))
     try:
         client.fence("c1", Fence(2, 1, "n1"), 0)
         with pytest.raises(Unavailable):
@@ -727,9 +751,14 @@ def test_tls_with_a_token_end_to_end_and_plaintext_is_refused(tmp_path: Path) ->
 
 
 def test_the_client_refuses_an_unreadable_ca_or_a_bad_token(tmp_path: Path) -> None:
+    from adapters.client import AdapterTls
+
     with pytest.raises(ValidationError) as err:
-        RemoteAdapter({"c1": "127.0.0.1:1"}, ca_file=str(tmp_path / "nope.pem"))
+        RemoteAdapter({"c1": "127.0.0.1:1"}, tls=AdapterTls(tmp_path / "nope.pem", tmp_path / "c.pem", tmp_path / "k.pem"))
     assert err.value.field == "ca_file"
+    with pytest.raises(ValidationError) as err:  # plaintext reaches loopback adapters only
+        RemoteAdapter({"c1": "10.0.0.7:7001"}, token=TOKEN)
+    assert err.value.field == "adapter_tls" and "10.0.0.7:7001" in str(err.value)
     with pytest.raises(ValidationError) as err:
         RemoteAdapter({"c1": "127.0.0.1:1"}, token="has space")
     assert err.value.field == "token"

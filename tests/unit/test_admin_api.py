@@ -13,6 +13,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from controlplane.api import protogen
 from controlplane.api.admin import (
     Credentials,
+    FencedClusterStatus,
     NodeStatus,
     PeerStatus,
     change_member,
@@ -32,6 +33,7 @@ STATUS = NodeStatus(
     api_address="127.0.0.1:7101",
     peers=(PeerStatus("n2", "az-b", "127.0.0.1:7002", "127.0.0.1:7102", True),
            PeerStatus("n3", "az-c", "127.0.0.1:7003", "127.0.0.1:7103", False)),
+    fenced_clusters=(FencedClusterStatus("gpu-b1", 7, 9, 1_700_000_000_000),),
 )
 
 
@@ -80,15 +82,33 @@ def server(tmp_path: Path, members: Members):
     api.stop(0.1)
 
 
-def test_status_round_trips_every_field(server) -> None:
-    [got] = fetch_status([f"127.0.0.1:{server.port}"], creds=Credentials(token=TENANT))
+def test_status_round_trips_every_field_for_an_admin(server) -> None:
+    [got] = fetch_status([f"127.0.0.1:{server.port}"], creds=Credentials(token=ADMIN))
     assert got["reachable"] is True
     assert (got["node_id"], got["zone"], got["role"], got["term"], got["leader_id"]) == ("n1", "az-a", "leader", 3, "n1")
     assert got["lease"] == {"holder": "n1", "epoch": 7, "remaining_ms": 900}
     assert (got["commit_index"], got["applied_index"]) == (12, 11)
     assert got["pid"] == STATUS.pid > 0
+    assert (got["raft_address"], got["api_address"]) == ("127.0.0.1:7001", "127.0.0.1:7101")
     assert [p["reachable"] for p in got["peers"]] == [True, False]
     assert got["peers"][1]["api_address"] == "127.0.0.1:7103"
+    assert got["fenced_clusters"] == [{"cluster_id": "gpu-b1", "epoch": 7, "adapter_epoch": 9,
+                                       "since_ms": 1_700_000_000_000}]
+
+
+def test_a_tenant_sees_no_addresses_pids_or_epochs(server) -> None:
+    """A current epoch and holder copied from a tenant's Status were half of a forged adapter command;
+    addresses and pids are operators' details. Roles, terms, ids and reachability stay."""
+    [got] = fetch_status([f"127.0.0.1:{server.port}"], creds=Credentials(token=TENANT))
+    assert got["reachable"] is True
+    assert (got["node_id"], got["zone"], got["role"], got["term"], got["leader_id"]) == ("n1", "az-a", "leader", 3, "n1")
+    assert got["lease"] == {"holder": "n1", "epoch": 0, "remaining_ms": 900}
+    assert (got["pid"], got["raft_address"], got["api_address"], got["fenced_clusters"]) == (0, "", "", [])
+    assert [(p["node_id"], p["raft_address"], p["api_address"], p["reachable"]) for p in got["peers"]] == [
+        ("n2", "", "", True), ("n3", "", "", False)]
+    text = repr(got)
+    for secret in ("127.0.0.1:700", "127.0.0.1:710", str(STATUS.pid), "'epoch': 7", "gpu-b1"):
+        assert secret not in text
 
 
 def test_status_needs_a_token(server) -> None:

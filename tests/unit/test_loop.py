@@ -349,24 +349,101 @@ def test_a_refused_create_fails_only_that_command_and_feeds_its_deployment_break
     assert rg.loop._undelivered == {}  # a refusal is never re-sent
 
 
-def test_a_stale_epoch_stops_sending_for_the_rest_of_the_tick() -> None:
+def test_a_stale_epoch_stops_sending_to_that_cluster_only() -> None:
+    """A command refused as stale (the adapter learnt a higher epoch between this tick's fence and
+    the send) fences that cluster out for the rest of the tick: its other commands are not tried
+    and count as undelivered (they feed its breaker); another cluster's commands still go out."""
     def fail(cluster: ClusterId, cmd: AdapterCommand) -> Exception | None:
-        return StaleEpoch(EPOCH, EPOCH + 1) if cmd.instance.id.endswith("-1") else None
+        return StaleEpoch(EPOCH, EPOCH + 1) if cluster == "c1" else None
 
-    rg = rig(setup(min_replicas=4), fail=fail)
-    rep = rg.loop.tick(T0)
+    rg = rig(setup(clusters=(("c1", "z1", 8), ("c2", "z2", 8)), min_replicas=4), fail=fail)
+    with capture_logs() as logs:
+        rep = rg.loop.tick(T0)
     ids = [f"chat-{T0}-{k}" for k in range(4)]
     assert actionable(rep.plan) == [("create", i) for i in ids]
-    # The first is delivered, the second is fenced off; the other two are not even tried.
-    assert [s.command.instance.id for s in rg.adapter.sent] == ids[:2]
-    assert (rep.sent, rep.send_failures) == (1, 0)
+    on_c1 = [i for i in ids if rg.state.instances[InstanceId(i)].cluster == "c1"]
+    on_c2 = [i for i in ids if rg.state.instances[InstanceId(i)].cluster == "c2"]
+    assert len(on_c1) == 2 and len(on_c2) == 2
+    # c1: the first command is refused as stale, the second is not even tried; c2 gets both.
+    assert [(s.cluster, s.command.instance.id) for s in rg.adapter.sent] == (
+        [("c1", on_c1[0]), ("c2", on_c2[0]), ("c2", on_c2[1])])
+    assert (rep.sent, rep.send_failures) == (2, 2)
     assert rg.loop.statistics().stale_rejections == 1
-    assert rg.loop.statistics().send_failures == 0
-    # Committed all the same (commit before act); a fenced command is not a delivery failure, so the
-    # next tick does not mark anything lost.
-    assert [i.id for i in rg.state.instances.values()] == ids
-    assert rg.loop.tick(T0 + TICK_MS).facts == 0
-    assert [i.id for i in rg.state.instances.values()] == ids
+    assert set(rg.loop.fenced_out) == {"c1"}
+    f = rg.loop.fenced_out[ClusterId("c1")]
+    assert (f.epoch, f.adapter_epoch, f.since_ms) == (EPOCH, EPOCH + 1, T0)
+    errors = [e for e in logs if e["event"] == "adapter_stale_epoch"]
+    assert [(e["cluster"], e["epoch"], e["adapter_epoch"], e["log_level"]) for e in errors] == [
+        ("c1", EPOCH, EPOCH + 1, "error")]
+
+
+@dataclass
+class PerClusterFencing(RecordingAdapter):
+    """Each cluster's adapter holds its own highest epoch (``ahead`` presets some)."""
+
+    ahead: dict[str, int] = field(default_factory=dict)
+    fences: list[tuple[ClusterId, Fence]] = field(default_factory=list)
+
+    def fence(self, cluster_id: ClusterId, fence: Fence, now_ms: int) -> None:
+        highest = self.ahead.get(cluster_id, 0)
+        if fence.epoch < highest:
+            raise StaleEpoch(fence.epoch, highest)
+        self.fences.append((cluster_id, fence))
+
+
+def test_one_poisoned_adapter_never_stalls_the_other_clusters() -> None:
+    """The reproduced failure: one adapter holding an epoch above every real one (``2**63-1``) made
+    every tick skip every cluster. Now that cluster alone is fenced out (condition, metric, one
+    error line naming it and both epochs), the others are decided and commanded every tick, and the
+    cluster is commanded again once its adapter accepts the epoch (an operator reset it)."""
+    from controlplane.runtime.metrics import MetricsView, families
+
+    r = rig(setup(clusters=(("c1", "z1", 8), ("c2", "z2", 8), ("c3", "z3", 8)), min_replicas=3))
+    adapter = PerClusterFencing(r.replicator, ahead={"c2": 2**63 - 1})
+    loop = ControlLoop(r.replicator, adapter, r.source, rng=random.Random(5), authority=lambda now: EPOCH, holder="n1")
+    with capture_logs() as logs:
+        for k in range(4):
+            rep = loop.tick(T0 + k * TICK_MS)
+            assert rep.acted
+    assert {cid for cid, _ in adapter.fences} == {"c1", "c3"}
+    assert "c2" not in {s.cluster for s in adapter.sent}
+    assert {s.cluster for s in adapter.sent} >= {"c1", "c3"}  # the others were commanded
+    assert set(loop.fenced_out) == {"c2"} and loop.stale_answers == {"c2": 4}
+    errors = [e for e in logs if e["event"] == "adapter_stale_epoch"]
+    assert len(errors) == 1 and (errors[0]["cluster"], errors[0]["epoch"], errors[0]["adapter_epoch"]) == (
+        "c2", EPOCH, 2**63 - 1)  # raised once, not once per tick
+    view = MetricsView("n1", "z1", True, 1, 1, 1, (), True, EPOCH, 1000, r.replicator.state,
+                       fenced_clusters=frozenset(map(str, loop.fenced_out)), stale_answers=dict(loop.stale_answers))
+    got = {(sm.name, tuple(sm.labels.values())): sm.value for fam in families(view) for sm in fam.samples}
+    assert got[("controlplane_adapter_stale_epoch", ("c2",))] == 1.0
+    assert got[("controlplane_adapter_stale_epoch", ("c1",))] == 0.0
+    assert got[("controlplane_adapter_stale_epoch_answers_total", ("c2",))] == 4.0
+    # Recovery: the operator reset c2's epoch file; the next tick's fence is accepted.
+    adapter.ahead.clear()
+    with capture_logs() as logs:
+        loop.tick(T0 + 10 * TICK_MS)
+    assert loop.fenced_out == {}
+    assert [e["cluster"] for e in logs if e["event"] == "adapter_epoch_accepted"] == ["c2"]
+
+
+def test_signed_fences_and_commands_carry_the_signature() -> None:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from controlplane.fencing import FenceSigner, FenceVerifier
+
+    key = Ed25519PrivateKey.generate()
+    signer = FenceSigner(key)
+    r = rig(setup(min_replicas=2))
+    adapter = PerClusterFencing(r.replicator)
+    loop = ControlLoop(r.replicator, adapter, r.source, rng=random.Random(5), authority=lambda now: 11, holder="n2",
+                       signer=signer)
+    loop.tick(1_000)
+    verifier = FenceVerifier([key.public_key()])
+    tokens = [f for _, f in adapter.fences] + [s.fence for s in adapter.sent]
+    assert len(tokens) == 3
+    assert all(t.key_id == signer.key_id and verifier.problem(t.epoch, t.holder, t.key_id, t.signature) is None
+               for t in tokens)
+    assert verifier.problem(12, "n2", signer.key_id, tokens[0].signature) is not None  # bound to the epoch
 
 
 def test_an_undeliverable_drain_is_delivered_once_the_cluster_is_back() -> None:
@@ -483,15 +560,16 @@ def test_every_acting_tick_fences_every_adapter_before_sending() -> None:
     assert all(s.fence.holder == "n2" for s in adapter.sent) and len(adapter.sent) == 2
 
 
-def test_a_holder_whose_fence_is_refused_does_not_act() -> None:
+def test_a_holder_whose_fence_is_refused_sends_that_adapter_nothing() -> None:
+    """A newer holder fenced the only adapter: this holder sends it nothing. (Its commits are the
+    replicated log's to refuse: ``RaftReplicator`` fences them with the lease, which a newer holder
+    has taken; this in-memory replicator does not.)"""
     r = rig(setup(min_replicas=2))
     adapter = FencingAdapter(r.replicator, highest=12)  # a newer holder fenced this adapter already
     loop = ControlLoop(r.replicator, adapter, r.source, rng=random.Random(5), authority=lambda now: 11, holder="n1")
-    entries = r.replicator.entries
     report = loop.tick(1_000)
-    assert not report.acted and adapter.sent == []
-    assert r.replicator.entries == entries  # nothing committed either
-    assert loop.statistics().stale_rejections == 1
+    assert adapter.sent == [] and adapter.fences == [] and report.sent == 0
+    assert loop.statistics().stale_rejections == 1 and set(loop.fenced_out) == {"c1"}
 
 
 def test_authority_is_checked_again_before_every_send() -> None:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!controlplane/api/v1/adapter.proto\x12\x13\x63ontrolplane.api.v1\"8\n\nFenceToken\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\x0b\n\x03seq\x18\x02 \x01(\x03\x12\x0e\n\x06holder\x18\x03 \x01(\t\"R\n\x0c\x46\x65nceRequest\x12\x12\n\ncluster_id\x18\x01 \x01(\t\x12.\n\x05\x66\x65nce\x18\x02 \x01(\x0b\x32\x1f.controlplane.api.v1.FenceToken\";\n\nFenceReply\x12\x15\n\rhighest_epoch\x18\x01 \x01(\x03\x12\x16\n\x0ehighest_holder\x18\x02 \x01(\t\"v\n\x0bInstanceRef\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x15\n\rdeployment_id\x18\x02 \x01(\t\x12\x11\n\ttenant_id\x18\x03 \x01(\t\x12\x0c\n\x04zone\x18\x04 \x01(\t\x12\x0c\n\x04pool\x18\x05 \x01(\t\x12\x0c\n\x04gpus\x18\x06 \x01(\x05\"\xc4\x01\n\x0c\x41pplyRequest\x12\x12\n\ncluster_id\x18\x01 \x01(\t\x12.\n\x05\x66\x65nce\x18\x02 \x01(\x0b\x32\x1f.controlplane.api.v1.FenceToken\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x04 \x01(\t\x12\x32\n\x08instance\x18\x05 \x01(\x0b\x32 .controlplane.api.v1.InstanceRef\x12\x18\n\x10\x64rain_timeout_ms\x18\x06 \x01(\x03\"4\n\nApplyReply\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\x08\x12\x15\n\rhighest_epoch\x18\x02 \x01(\x03\"\xa0\x01\n\x0cScaleRequest\x12\x12\n\ncluster_id\x18\x01 \x01(\t\x12.\n\x05\x66\x65nce\x18\x02 \x01(\x0b\x32\x1f.controlplane.api.v1.FenceToken\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x15\n\rdeployment_id\x18\x04 \x01(\t\x12\x10\n\x08replicas\x18\x05 \x01(\x05\x12\x0f\n\x07victims\x18\x06 \x03(\t\"\xb1\x02\n\x0eInstanceSample\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x15\n\rdeployment_id\x18\x02 \x01(\t\x12\r\n\x05\x61t_ms\x18\x03 \x01(\x03\x12\x0f\n\x07running\x18\x04 \x01(\x05\x12\x0f\n\x07waiting\x18\x05 \x01(\x05\x12\x10\n\x08kv_usage\x18\x06 \x01(\x01\x12\x1b\n\x13prompt_tokens_per_s\x18\x07 \x01(\x01\x12\x1f\n\x17generation_tokens_per_s\x18\x08 \x01(\x01\x12\x18\n\x0bttft_p99_ms\x18\t \x01(\x01H\x00\x88\x01\x01\x12\x1a\n\x12gpu_mem_used_bytes\x18\n \x01(\x03\x12\x1b\n\x13gpu_mem_total_bytes\x18\x0b \x01(\x03\x12\x0f\n\x07healthy\x18\x0c \x01(\x08\x42\x0e\n\x0c_ttft_p99_ms\"S\n\x0eInstanceReport\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\r\n\x05\x65vent\x18\x02 \x01(\t\x12\r\n\x05\x61t_ms\x18\x03 \x01(\x03\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"6\n\x0cGatewayQueue\x12\x15\n\rdeployment_id\x18\x01 \x01(\t\x12\x0f\n\x07waiting\x18\x02 \x01(\x05\"\x8d\x02\n\x10ObservationBatch\x12\x12\n\ncluster_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x03\x12\r\n\x05\x61t_ms\x18\x03 \x01(\x03\x12\x34\n\x07samples\x18\x04 \x03(\x0b\x32#.controlplane.api.v1.InstanceSample\x12\x34\n\x07reports\x18\x05 \x03(\x0b\x32#.controlplane.api.v1.InstanceReport\x12\x32\n\x07gateway\x18\x06 \x03(\x0b\x32!.controlplane.api.v1.GatewayQueue\x12\x11\n\tstream_id\x18\x07 \x01(\t\x12\x16\n\x0eobserve_failed\x18\x08 \x01(\x08\"J\n\x0eObserveRequest\x12\x12\n\ncluster_id\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x03\x12\x11\n\tstream_id\x18\x03 \x01(\t\"7\n\rRecentRequest\x12\x12\n\ncluster_id\x18\x01 \x01(\t\x12\x12\n\nmax_age_ms\x18\x02 \x01(\x03\"U\n\x0bRecentReply\x12\x0e\n\x06now_ms\x18\x01 \x01(\x03\x12\x36\n\x07\x62\x61tches\x18\x02 \x03(\x0b\x32%.controlplane.api.v1.ObservationBatch2\xa0\x03\n\x0e\x43lusterAdapter\x12K\n\x05\x46\x65nce\x12!.controlplane.api.v1.FenceRequest\x1a\x1f.controlplane.api.v1.FenceReply\x12K\n\x05\x41pply\x12!.controlplane.api.v1.ApplyRequest\x1a\x1f.controlplane.api.v1.ApplyReply\x12K\n\x05Scale\x12!.controlplane.api.v1.ScaleRequest\x1a\x1f.controlplane.api.v1.ApplyReply\x12W\n\x07Observe\x12#.controlplane.api.v1.ObserveRequest\x1a%.controlplane.api.v1.ObservationBatch0\x01\x12N\n\x06Recent\x12\".controlplane.api.v1.RecentRequest\x1a .controlplane.api.v1.RecentReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!controlplane/api/v1/adapter.proto\x12\x13\x63ontrolplane.api.v1\"[\n\nFenceToken\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\x0b\n\x03seq\x18\x02 \x01(\x03\x12\x0e\n\x06holder\x18\x03 \x01(\t\x12\x11\n\tsignature\x18\x04 \x01(\x0c\x12\x0e\n\x06key_id\x18\x05 \x01(\t\"R\n\x0c\x46\x65nceRequest\x12\x12\n\ncluster_id\x18\x01 \x01(\t\x12.\n\x05\x66\x65nce\x18\x02 \x01(\x0b\x32\x1f.controlplane.api.v1.FenceToken\";\n\nFenceReply\x12\x15\n\rhighest_epoch\x18\x01 \x01(\x03\x12\x16\n\x0ehighest_holder\x18\x02 \x01(\t\"v\n\x0bInstanceRef\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x15\n\rdeployment_id\x18\x02 \x01(\t\x12\x11\n\ttenant_id\x18\x03 \x01(\t\x12\x0c\n\x04zone\x18\x04 \x01(\t\x12\x0c\n\x04pool\x18\x05 \x01(\t\x12\x0c\n\x04gpus\x18\x06 \x01(\x05\"\xc4\x01\n\x0c\x41pplyRequest\x12\x12\n\ncluster_id\x18\x01 \x01(\t\x12.\n\x05\x66\x65nce\x18\x02 \x01(\x0b\x32\x1f.controlplane.api.v1.FenceToken\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x04 \x01(\t\x12\x32\n\x08instance\x18\x05 \x01(\x0b\x32 .controlplane.api.v1.InstanceRef\x12\x18\n\x10\x64rain_timeout_ms\x18\x06 \x01(\x03\"4\n\nApplyReply\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\x08\x12\x15\n\rhighest_epoch\x18\x02 \x01(\x03\"\xa0\x01\n\x0cScaleRequest\x12\x12\n\ncluster_id\x18\x01 \x01(\t\x12.\n\x05\x66\x65nce\x18\x02 \x01(\x0b\x32\x1f.controlplane.api.v1.FenceToken\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x15\n\rdeployment_id\x18\x04 \x01(\t\x12\x10\n\x08replicas\x18\x05 \x01(\x05\x12\x0f\n\x07victims\x18\x06 \x03(\t\"\xb1\x02\n\x0eInstanceSample\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x15\n\rdeployment_id\x18\x02 \x01(\t\x12\r\n\x05\x61t_ms\x18\x03 \x01(\x03\x12\x0f\n\x07running\x18\x04 \x01(\x05\x12\x0f\n\x07waiting\x18\x05 \x01(\x05\x12\x10\n\x08kv_usage\x18\x06 \x01(\x01\x12\x1b\n\x13prompt_tokens_per_s\x18\x07 \x01(\x01\x12\x1f\n\x17generation_tokens_per_s\x18\x08 \x01(\x01\x12\x18\n\x0bttft_p99_ms\x18\t \x01(\x01H\x00\x88\x01\x01\x12\x1a\n\x12gpu_mem_used_bytes\x18\n \x01(\x03\x12\x1b\n\x13gpu_mem_total_bytes\x18\x0b \x01(\x03\x12\x0f\n\x07healthy\x18\x0c \x01(\x08\x42\x0e\n\x0c_ttft_p99_ms\"S\n\x0eInstanceReport\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\r\n\x05\x65vent\x18\x02 \x01(\t\x12\r\n\x05\x61t_ms\x18\x03 \x01(\x03\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"6\n\x0cGatewayQueue\x12\x15\n\rdeployment_id\x18\x01 \x01(\t\x12\x0f\n\x07waiting\x18\x02 \x01(\x05\"\x8d\x02\n\x10ObservationBatch\x12\x12\n\ncluster_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x03\x12\r\n\x05\x61t_ms\x18\x03 \x01(\x03\x12\x34\n\x07samples\x18\x04 \x03(\x0b\x32#.controlplane.api.v1.InstanceSample\x12\x34\n\x07reports\x18\x05 \x03(\x0b\x32#.controlplane.api.v1.InstanceReport\x12\x32\n\x07gateway\x18\x06 \x03(\x0b\x32!.controlplane.api.v1.GatewayQueue\x12\x11\n\tstream_id\x18\x07 \x01(\t\x12\x16\n\x0eobserve_failed\x18\x08 \x01(\x08\"J\n\x0eObserveRequest\x12\x12\n\ncluster_id\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x03\x12\x11\n\tstream_id\x18\x03 \x01(\t\"7\n\rRecentRequest\x12\x12\n\ncluster_id\x18\x01 \x01(\t\x12\x12\n\nmax_age_ms\x18\x02 \x01(\x03\"U\n\x0bRecentReply\x12\x0e\n\x06now_ms\x18\x01 \x01(\x03\x12\x36\n\x07\x62\x61tches\x18\x02 \x03(\x0b\x32%.controlplane.api.v1.ObservationBatch2\xa0\x03\n\x0e\x43lusterAdapter\x12K\n\x05\x46\x65nce\x12!.controlplane.api.v1.FenceRequest\x1a\x1f.controlplane.api.v1.FenceReply\x12K\n\x05\x41pply\x12!.controlplane.api.v1.ApplyRequest\x1a\x1f.controlplane.api.v1.ApplyReply\x12K\n\x05Scale\x12!.controlplane.api.v1.ScaleRequest\x1a\x1f.controlplane.api.v1.ApplyReply\x12W\n\x07Observe\x12#.controlplane.api.v1.ObserveRequest\x1a%.controlplane.api.v1.ObservationBatch0\x01\x12N\n\x06Recent\x12\".controlplane.api.v1.RecentRequest\x1a .controlplane.api.v1.RecentReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,33 +32,33 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'controlplane.api.v1.adapter
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_FENCETOKEN']._serialized_start=58
-  _globals['_FENCETOKEN']._serialized_end=114
-  _globals['_FENCEREQUEST']._serialized_start=116
-  _globals['_FENCEREQUEST']._serialized_end=198
-  _globals['_FENCEREPLY']._serialized_start=200
-  _globals['_FENCEREPLY']._serialized_end=259
-  _globals['_INSTANCEREF']._serialized_start=261
-  _globals['_INSTANCEREF']._serialized_end=379
-  _globals['_APPLYREQUEST']._serialized_start=382
-  _globals['_APPLYREQUEST']._serialized_end=578
-  _globals['_APPLYREPLY']._serialized_start=580
-  _globals['_APPLYREPLY']._serialized_end=632
-  _globals['_SCALEREQUEST']._serialized_start=635
-  _globals['_SCALEREQUEST']._serialized_end=795
-  _globals['_INSTANCESAMPLE']._serialized_start=798
-  _globals['_INSTANCESAMPLE']._serialized_end=1103
-  _globals['_INSTANCEREPORT']._serialized_start=1105
-  _globals['_INSTANCEREPORT']._serialized_end=1188
-  _globals['_GATEWAYQUEUE']._serialized_start=1190
-  _globals['_GATEWAYQUEUE']._serialized_end=1244
-  _globals['_OBSERVATIONBATCH']._serialized_start=1247
-  _globals['_OBSERVATIONBATCH']._serialized_end=1516
-  _globals['_OBSERVEREQUEST']._serialized_start=1518
-  _globals['_OBSERVEREQUEST']._serialized_end=1592
-  _globals['_RECENTREQUEST']._serialized_start=1594
-  _globals['_RECENTREQUEST']._serialized_end=1649
-  _globals['_RECENTREPLY']._serialized_start=1651
-  _globals['_RECENTREPLY']._serialized_end=1736
-  _globals['_CLUSTERADAPTER']._serialized_start=1739
-  _globals['_CLUSTERADAPTER']._serialized_end=2155
+  _globals['_FENCETOKEN']._serialized_end=149
+  _globals['_FENCEREQUEST']._serialized_start=151
+  _globals['_FENCEREQUEST']._serialized_end=233
+  _globals['_FENCEREPLY']._serialized_start=235
+  _globals['_FENCEREPLY']._serialized_end=294
+  _globals['_INSTANCEREF']._serialized_start=296
+  _globals['_INSTANCEREF']._serialized_end=414
+  _globals['_APPLYREQUEST']._serialized_start=417
+  _globals['_APPLYREQUEST']._serialized_end=613
+  _globals['_APPLYREPLY']._serialized_start=615
+  _globals['_APPLYREPLY']._serialized_end=667
+  _globals['_SCALEREQUEST']._serialized_start=670
+  _globals['_SCALEREQUEST']._serialized_end=830
+  _globals['_INSTANCESAMPLE']._serialized_start=833
+  _globals['_INSTANCESAMPLE']._serialized_end=1138
+  _globals['_INSTANCEREPORT']._serialized_start=1140
+  _globals['_INSTANCEREPORT']._serialized_end=1223
+  _globals['_GATEWAYQUEUE']._serialized_start=1225
+  _globals['_GATEWAYQUEUE']._serialized_end=1279
+  _globals['_OBSERVATIONBATCH']._serialized_start=1282
+  _globals['_OBSERVATIONBATCH']._serialized_end=1551
+  _globals['_OBSERVEREQUEST']._serialized_start=1553
+  _globals['_OBSERVEREQUEST']._serialized_end=1627
+  _globals['_RECENTREQUEST']._serialized_start=1629
+  _globals['_RECENTREQUEST']._serialized_end=1684
+  _globals['_RECENTREPLY']._serialized_start=1686
+  _globals['_RECENTREPLY']._serialized_end=1771
+  _globals['_CLUSTERADAPTER']._serialized_start=1774
+  _globals['_CLUSTERADAPTER']._serialized_end=2190
 # @@protoc_insertion_point(module_scope)

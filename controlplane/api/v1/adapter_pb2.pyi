@@ -7,14 +7,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class FenceToken(_message.Message):
-    __slots__ = ("epoch", "seq", "holder")
+    __slots__ = ("epoch", "seq", "holder", "signature", "key_id")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     HOLDER_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     seq: int
     holder: str
-    def __init__(self, epoch: _Optional[int] = ..., seq: _Optional[int] = ..., holder: _Optional[str] = ...) -> None: ...
+    signature: bytes
+    key_id: str
+    def __init__(self, epoch: _Optional[int] = ..., seq: _Optional[int] = ..., holder: _Optional[str] = ..., signature: _Optional[bytes] = ..., key_id: _Optional[str] = ...) -> None: ...
 
 class FenceRequest(_message.Message):
     __slots__ = ("cluster_id", "fence")

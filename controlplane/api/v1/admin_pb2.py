@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x63ontrolplane/api/v1/admin.proto\x12\x13\x63ontrolplane.api.v1\"K\n\rMemberRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x14\n\x0craft_address\x18\x02 \x01(\t\x12\x13\n\x0b\x61pi_address\x18\x03 \x01(\t\"#\n\x0bMemberReply\x12\x14\n\x0c\x63ommit_index\x18\x01 \x01(\x03\"\x0f\n\rStatusRequest\"c\n\x04Peer\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04zone\x18\x02 \x01(\t\x12\x14\n\x0craft_address\x18\x03 \x01(\t\x12\x13\n\x0b\x61pi_address\x18\x04 \x01(\t\x12\x11\n\treachable\x18\x05 \x01(\x08\"\xc5\x02\n\x0eStatusResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04zone\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\x05\x12\x0c\n\x04role\x18\x04 \x01(\t\x12\x0c\n\x04term\x18\x05 \x01(\x03\x12\x11\n\tleader_id\x18\x06 \x01(\t\x12\x14\n\x0clease_holder\x18\x07 \x01(\t\x12\x13\n\x0blease_epoch\x18\x08 \x01(\x03\x12\x1a\n\x12lease_remaining_ms\x18\t \x01(\x03\x12\x14\n\x0c\x63ommit_index\x18\n \x01(\x03\x12\x15\n\rapplied_index\x18\x0b \x01(\x03\x12(\n\x05peers\x18\x0c \x03(\x0b\x32\x19.controlplane.api.v1.Peer\x12\x0f\n\x07version\x18\r \x01(\t\x12\x14\n\x0craft_address\x18\x0e \x01(\t\x12\x13\n\x0b\x61pi_address\x18\x0f \x01(\t2\x83\x02\n\x05\x41\x64min\x12Q\n\x06Status\x12\".controlplane.api.v1.StatusRequest\x1a#.controlplane.api.v1.StatusResponse\x12Q\n\tAddMember\x12\".controlplane.api.v1.MemberRequest\x1a .controlplane.api.v1.MemberReply\x12T\n\x0cRemoveMember\x12\".controlplane.api.v1.MemberRequest\x1a .controlplane.api.v1.MemberReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x63ontrolplane/api/v1/admin.proto\x12\x13\x63ontrolplane.api.v1\"K\n\rMemberRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x14\n\x0craft_address\x18\x02 \x01(\t\x12\x13\n\x0b\x61pi_address\x18\x03 \x01(\t\"#\n\x0bMemberReply\x12\x14\n\x0c\x63ommit_index\x18\x01 \x01(\x03\"\x0f\n\rStatusRequest\"c\n\x04Peer\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04zone\x18\x02 \x01(\t\x12\x14\n\x0craft_address\x18\x03 \x01(\t\x12\x13\n\x0b\x61pi_address\x18\x04 \x01(\t\x12\x11\n\treachable\x18\x05 \x01(\x08\"[\n\rFencedCluster\x12\x12\n\ncluster_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x15\n\radapter_epoch\x18\x03 \x01(\x03\x12\x10\n\x08since_ms\x18\x04 \x01(\x03\"\x82\x03\n\x0eStatusResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04zone\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\x05\x12\x0c\n\x04role\x18\x04 \x01(\t\x12\x0c\n\x04term\x18\x05 \x01(\x03\x12\x11\n\tleader_id\x18\x06 \x01(\t\x12\x14\n\x0clease_holder\x18\x07 \x01(\t\x12\x13\n\x0blease_epoch\x18\x08 \x01(\x03\x12\x1a\n\x12lease_remaining_ms\x18\t \x01(\x03\x12\x14\n\x0c\x63ommit_index\x18\n \x01(\x03\x12\x15\n\rapplied_index\x18\x0b \x01(\x03\x12(\n\x05peers\x18\x0c \x03(\x0b\x32\x19.controlplane.api.v1.Peer\x12\x0f\n\x07version\x18\r \x01(\t\x12\x14\n\x0craft_address\x18\x0e \x01(\t\x12\x13\n\x0b\x61pi_address\x18\x0f \x01(\t\x12;\n\x0f\x66\x65nced_clusters\x18\x10 \x03(\x0b\x32\".controlplane.api.v1.FencedCluster2\x83\x02\n\x05\x41\x64min\x12Q\n\x06Status\x12\".controlplane.api.v1.StatusRequest\x1a#.controlplane.api.v1.StatusResponse\x12Q\n\tAddMember\x12\".controlplane.api.v1.MemberRequest\x1a .controlplane.api.v1.MemberReply\x12T\n\x0cRemoveMember\x12\".controlplane.api.v1.MemberRequest\x1a .controlplane.api.v1.MemberReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,8 +39,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STATUSREQUEST']._serialized_end=185
   _globals['_PEER']._serialized_start=187
   _globals['_PEER']._serialized_end=286
-  _globals['_STATUSRESPONSE']._serialized_start=289
-  _globals['_STATUSRESPONSE']._serialized_end=614
-  _globals['_ADMIN']._serialized_start=617
-  _globals['_ADMIN']._serialized_end=876
+  _globals['_FENCEDCLUSTER']._serialized_start=288
+  _globals['_FENCEDCLUSTER']._serialized_end=379
+  _globals['_STATUSRESPONSE']._serialized_start=382
+  _globals['_STATUSRESPONSE']._serialized_end=768
+  _globals['_ADMIN']._serialized_start=771
+  _globals['_ADMIN']._serialized_end=1030
 # @@protoc_insertion_point(module_scope)
