@@ -257,8 +257,10 @@ def read_snapshot_file(path: str) -> SnapshotFile:
     with open(path, "rb") as f:
         data = f.read()
     if data[: len(SNAPSHOT_MAGIC)] != SNAPSHOT_MAGIC:
-        raise codec.CodecError("snapshot", f"{path}: not a controlplane snapshot (bad magic)")
+        raise codec.CodecError("snapshot", f"{path}: not a controlplane snapshot (bad magic at byte offset 0)")
     off = len(SNAPSHOT_MAGIC)
+    if len(data) < off + 4:
+        raise codec.CodecError("snapshot", f"{path}: truncated at byte offset {len(data)} (inside the header)")
     (hlen,) = struct.unpack(">I", data[off : off + 4])
     if hlen > MAX_SNAPSHOT_HEADER:
         raise codec.CodecError("snapshot", f"{path}: header of {hlen} bytes exceeds the limit")
@@ -268,7 +270,8 @@ def read_snapshot_file(path: str) -> SnapshotFile:
         if header["format"] != SNAPSHOT_FORMAT:
             raise codec.CodecError("snapshot", f"{path}: unknown format {header['format']!r}")
         if hashlib.sha256(body).hexdigest() != header["sha256"]:
-            raise codec.CodecError("snapshot", f"{path}: checksum mismatch (truncated or corrupt)")
+            raise codec.CodecError("snapshot", f"{path}: checksum mismatch over bytes {off + 4 + hlen}..{len(data)} "
+                                               "(truncated or corrupt)")
         li, lt, ll = header["last"]
         pi, pt, pl = header["prev"]
         if ll + pl + header["state_len"] != len(body):

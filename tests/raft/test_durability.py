@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf
-from pysyncobj.journal import FileJournal
 from pysyncobj.serializer import Serializer
 from pysyncobj.version import VERSION
 
@@ -21,7 +20,8 @@ from controlplane.domain.state import ControlState
 from raft import codec
 from raft.fsm import ControlFsm, read_snapshot_file, write_snapshot_file
 from raft.lease import LeaseRecord
-from raft.node import DurableJournal, RaftNode, _wrap_journal, failure_error
+from raft.journal import RaftJournal
+from raft.node import RaftNode, construct_with_journal, failure_error
 from raft.replicator import RaftReplicator
 from tests.raft.cluster import PASSWORD, breaker_write, free_ports
 from tests.support.waiting import wait_until
@@ -36,34 +36,40 @@ def single_node_cfg(tmp_path: Path, **overrides: object) -> CoordinatorConfig:
 
 
 def test_pysyncobj_internals_we_rely_on(tmp_path: Path) -> None:
-    assert VERSION == "0.3.17", "re-verify raft/node.py (_wrap_journal, DurableJournal) and PYSYNCOBJ.md, then pin"
+    assert VERSION == "0.3.17", "re-verify raft/node.py (construct_with_journal), raft/journal.py and PYSYNCOBJ.md, then pin"
+    import pysyncobj.syncobj as syncobj_module
+    from pysyncobj.journal import Journal
+
     src = inspect.getsource(SyncObj)
     assert "self.__raftLog = createJournal(self.__conf.journalFile)" in src
-    for call in ("self.__raftLog.add(", "self.__raftLog.setCurrentTerm(", "self.__deleteEntriesFrom(prevLogIdx + 1)"):
-        assert call in src, call
-    for name in ("add", "clear", "deleteEntriesFrom", "deleteEntriesTo", "setCurrentTerm", "flush", "_destroy"):
-        assert callable(getattr(FileJournal, name)), name
+    assert "from .journal import createJournal" in inspect.getsource(syncobj_module)
+    # every journal method SyncObj calls exists on ours (the interface of pysyncobj.journal.Journal)
+    called = set(__import__("re").findall(r"self\.__raftLog\.(\w+)\(", src))
+    assert called <= {"add", "clear", "deleteEntriesFrom", "deleteEntriesTo", "setRaftCommitIndex",
+                      "getRaftCommitIndex", "setCurrentTerm", "getCurrentTerm", "getVotedForNodeId",
+                      "onOneSecondTimer", "_destroy"}, called
+    for name in called | {"__getitem__", "__len__", "flush"}:
+        assert getattr(RaftJournal, name) is not getattr(Journal, name, None), f"RaftJournal.{name} not implemented"
     assert "self.__serializer(tmpFile, data[1:])" in inspect.getsource(Serializer)
     assert "return (None,) + self.__deserializer(self.__fileName)" in inspect.getsource(Serializer)
 
     node = RaftNode(single_node_cfg(tmp_path))
     node.start()
     try:
-        journal = node._obj._SyncObj__raftLog  # type: ignore[union-attr]
-        assert isinstance(journal, DurableJournal)
-        assert isinstance(journal._inner, FileJournal)
+        journal = node._obj._SyncObj__raftLog  # type: ignore[union-attr]  (checking the hook, not using it)
+        assert isinstance(journal, RaftJournal) and journal is node._journal
+        assert syncobj_module.createJournal.__module__ == "pysyncobj.journal"  # the factory is restored
     finally:
         node.stop()
 
 
-def test_wrap_journal_refuses_an_unknown_journal(tmp_path: Path) -> None:
+def test_construct_with_journal_refuses_a_syncobj_that_did_not_ask(tmp_path: Path) -> None:
     port = free_ports(1)[0]
-    obj = SyncObj(f"127.0.0.1:{port}", [], conf=SyncObjConf(autoTick=False))  # in-memory journal
-    try:
-        with pytest.raises(RuntimeError, match="internals changed"):
-            _wrap_journal(obj, tmp_path / "j", fsync=True)
-    finally:
-        obj.destroy()
+    journal = RaftJournal(tmp_path / "raft.journal", fsync=True)
+    with pytest.raises(RuntimeError, match="internals changed"):
+        # journalFile=None: SyncObj builds an in-memory journal, as a changed pysyncobj would bypass ours
+        construct_with_journal(journal, lambda: SyncObj(f"127.0.0.1:{port}", [], conf=SyncObjConf(autoTick=False)))
+    journal._destroy()
 
 
 @pytest.mark.parametrize("mode", ["entry", "none"])
@@ -138,12 +144,19 @@ def entries(lo: int, hi: int, term: int = 1) -> list[tuple[bytes, int, int]]:
     return [(b"cmd-%d-%d" % (i, term), i, term) for i in range(lo, hi + 1)]
 
 
-def journal_with(tmp_path: Path, items: list[tuple[bytes, int, int]]) -> DurableJournal:
-    path = tmp_path / "raft.journal"
-    inner = FileJournal(str(path))
+def journal_with(tmp_path: Path, items: list[tuple[bytes, int, int]]) -> RaftJournal:
+    j = RaftJournal(tmp_path / "raft.journal", fsync=True)
     for e in items:
-        inner.add(*e)
-    return DurableJournal(inner, path, fsync=True)
+        j.add(*e)
+    return j
+
+
+def reread(tmp_path: Path) -> list[tuple[bytes, int, int]]:
+    j = RaftJournal(tmp_path / "raft.journal", fsync=True)
+    try:
+        return list(j[:])
+    finally:
+        j._destroy()
 
 
 def test_lazy_truncation_skips_identical_entries(tmp_path: Path) -> None:
@@ -155,7 +168,7 @@ def test_lazy_truncation_skips_identical_entries(tmp_path: Path) -> None:
     assert len(j) == 4  # the read completes the cut: entry 5 goes, as pysyncobj asked
     assert [j[i] for i in range(4)] == entries(1, 4)
     j._destroy()
-    assert [FileJournal(str(tmp_path / "raft.journal"))[i] for i in range(4)] == entries(1, 4)
+    assert reread(tmp_path) == entries(1, 4)
 
 
 def test_lazy_truncation_replaces_conflicting_entries(tmp_path: Path) -> None:
@@ -165,8 +178,7 @@ def test_lazy_truncation_replaces_conflicting_entries(tmp_path: Path) -> None:
     j.add(*entries(4, 4, term=2)[0])  # conflict: truncate here, then append
     assert [j[i] for i in range(len(j))] == entries(1, 3) + entries(4, 4, term=2)
     j._destroy()
-    reread = FileJournal(str(tmp_path / "raft.journal"))
-    assert [reread[i] for i in range(len(reread))] == entries(1, 3) + entries(4, 4, term=2)
+    assert reread(tmp_path) == entries(1, 3) + entries(4, 4, term=2)
 
 
 def test_align_to_snapshot_keeps_entries_after_it(tmp_path: Path) -> None:
@@ -177,6 +189,7 @@ def test_align_to_snapshot_keeps_entries_after_it(tmp_path: Path) -> None:
     assert j.align_to_snapshot(prev, last) == 0  # already aligned
     assert j.align_to_snapshot(*entries(7, 8, term=9)) == 0  # not this log: leave it to pysyncobj
     j._destroy()
+    assert reread(tmp_path) == entries(5, 10)
 
 
 # --- snapshot file ---------------------------------------------------------------------------------
