@@ -58,7 +58,7 @@ from controlplane.domain.state import ControlState
 from controlplane.runtime.events import EventLog
 from raft import codec
 from raft.fsm import ControlFsm, read_snapshot_file, write_snapshot_file
-from raft.journal import JournalError, JournalWriteFailed, RaftJournal
+from raft.journal import Disk, JournalError, JournalWriteFailed, RaftJournal
 from raft.lease import LeaseCommand, LeaseOutcome, LeaseRecord
 
 log = logging.getLogger(__name__)
@@ -204,13 +204,15 @@ class RaftNode:
 
     ``node_class`` builds pysyncobj's node objects from addresses (self, peers, members added later,
     members restored from a snapshot); tests pass a factory that routes peers through fault proxies.
-    ``clock_ms`` is the monotonic millisecond clock that stamps ``t_obs_ms`` (LeaseGuard's default)."""
+    ``clock_ms`` is the monotonic millisecond clock that stamps ``t_obs_ms`` (LeaseGuard's default).
+    ``disk`` is the journal's write/fsync layer (tests pass one that fails like a full disk)."""
 
     def __init__(
         self,
         cfg: CoordinatorConfig,
         node_class: Callable[[str], TCPNode] | None = None,
         clock_ms: Callable[[], int] | None = None,
+        disk: Disk | None = None,
     ) -> None:
         if cfg.password is None or not cfg.password.get_secret_value():
             raise ConfigError(f"password: {PASSWORD_REQUIRED}", field="password")
@@ -223,6 +225,7 @@ class RaftNode:
         self.clock_ms: Callable[[], int] = clock_ms or monotonic_ms
         self.fsm = ControlFsm(self.clock_ms)
         self._node_class: Callable[[str], TCPNode] = node_class or TCPNode
+        self._disk = disk
         self._journal_path = cfg.data_dir / JOURNAL_FILE
         self._snapshot_path = cfg.data_dir / SNAPSHOT_FILE
         self._members = {m.raft_address: Member(m.node_id, m.raft_address, m.api_address) for m in cfg.members()}
@@ -272,7 +275,7 @@ class RaftNode:
         """Open and verify the journal, its metadata and the snapshot. None (member stopped, reported)
         when any of them is unusable."""
         try:
-            journal = RaftJournal(self._journal_path, fsync=self.cfg.fsync == "entry",
+            journal = RaftJournal(self._journal_path, fsync=self.cfg.fsync == "entry", disk=self._disk,
                                   applied=lambda: self._obj.raftLastApplied if self._obj is not None else 0)
         except JournalError as exc:
             self._set_fatal(str(exc), "disk" if isinstance(exc, JournalWriteFailed) else "corrupt")

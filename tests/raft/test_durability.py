@@ -7,6 +7,7 @@ If pysyncobj is upgraded, ``test_pysyncobj_internals_we_rely_on`` is the first t
 from __future__ import annotations
 
 import inspect
+import logging
 from pathlib import Path
 
 import pytest
@@ -220,3 +221,116 @@ def test_snapshot_file_round_trip_and_corruption(tmp_path: Path) -> None:
     open(path, "wb").write(b"\x80\x04not ours")
     with pytest.raises(codec.CodecError, match="bad magic"):
         read_snapshot_file(path)
+
+
+# --- the fatal path: storage that cannot be used stops the member ------------------------------------
+
+
+class _FailingDisk:
+    """Works until ``broken`` is set, then every write is ENOSPC."""
+
+    def __init__(self) -> None:
+        self.broken = False
+
+    def pwrite(self, fd: int, data: bytes, offset: int) -> None:
+        import errno
+        import os
+
+        if self.broken:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        os.pwrite(fd, data, offset)
+
+    def fsync(self, fd: int) -> None:
+        import os
+
+        os.fsync(fd)
+
+
+def test_a_full_disk_stops_a_running_member_with_one_line_and_no_traceback(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from controlplane.domain.errors import Unavailable
+
+    disk = _FailingDisk()
+    node = RaftNode(single_node_cfg(tmp_path), disk=disk)
+    told: list[tuple[str, str]] = []
+    node.add_fatal_listener(lambda kind, reason: told.append((kind, reason)))
+    node.start()
+    try:
+        wait_until(lambda: node.is_leader(), 10, "the single member to lead")
+        repl = RaftReplicator(node)
+        assert repl.commit([breaker_write(1)], 1).ok
+        disk.broken = True
+        with pytest.raises(Exception):  # noqa: B017  (the write's outcome is unknown or refused)
+            repl.commit([breaker_write(2)], 2)
+        wait_until(lambda: not node.running, 10, "the tick thread to stop")
+        assert told and told[0][0] == "disk" and "ENOSPC" in told[0][1] and len(told) == 1
+        assert "ENOSPC" in node.fatal_error() and node.fatal_kind() == "disk"
+        with pytest.raises(Unavailable, match="stopped: .*ENOSPC"):
+            node.submit(b"x", timeout_s=1)
+        stopped = [r for r in caplog.records if "stopped:" in r.getMessage()]
+        assert len(stopped) == 1 and not any(r.exc_info for r in caplog.records if r.levelno >= logging.ERROR)
+    finally:
+        node.stop()
+    again = RaftNode(single_node_cfg(tmp_path).model_copy(update={"data_dir": tmp_path / "solo"}))
+    again.start()  # space is back (a working disk): every acknowledged entry is there
+    try:
+        wait_until(lambda: "w000001" in {str(k) for k in again.state_copy().breakers}, 10, "the acked write after restart")
+        assert not again.fatal_error()
+    finally:
+        again.stop()
+
+
+def test_a_corrupt_snapshot_stops_the_member_before_raft_starts(tmp_path: Path) -> None:
+    cfg = single_node_cfg(tmp_path, log_compaction_min_entries=2)
+    node = RaftNode(cfg)
+    node.start()
+    try:
+        wait_until(lambda: node.is_leader(), 10, "the single member to lead")
+        repl = RaftReplicator(node)
+        for i in range(5):
+            assert repl.commit([breaker_write(i)], i).ok
+        node.force_compaction()
+        wait_until(lambda: (cfg.data_dir / "raft.snapshot").exists(), 10, "a snapshot")
+    finally:
+        node.stop()
+    snap = cfg.data_dir / "raft.snapshot"
+    data = bytearray(snap.read_bytes())
+    data[-2] ^= 0x01
+    snap.write_bytes(bytes(data))
+    told: list[str] = []
+    again = RaftNode(cfg)
+    again.add_fatal_listener(lambda kind, reason: told.append(kind))
+    again.start()
+    try:
+        assert not again.running and again._obj is None  # no SyncObj: no port, no vote, no ack
+        assert "raft.snapshot" in again.fatal_error() and "checksum mismatch over bytes" in again.fatal_error()
+        assert told == ["corrupt"]
+    finally:
+        again.stop()
+
+
+def test_the_coordinator_turns_a_storage_failure_into_not_serving_unavailable_and_a_metric(tmp_path: Path) -> None:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from controlplane.api.v1 import api_pb2, api_pb2_grpc
+    from controlplane.coordinator import Coordinator
+
+    cfg = single_node_cfg(tmp_path)
+    cfg.data_dir.mkdir(parents=True, exist_ok=True)
+    (cfg.data_dir / "raft.journal").write_bytes(b"")
+    (cfg.data_dir / "raft.journal.meta").write_bytes(b"")
+    coord = Coordinator(cfg)
+    coord.start()
+    try:
+        assert coord.registry.get_sample_value("controlplane_raft_storage_failed", {"kind": "corrupt"}) == 1
+        with grpc.insecure_channel(cfg.api_address) as ch:
+            reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+            assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
+            with pytest.raises(grpc.RpcError) as err:
+                api_pb2_grpc.TenantsStub(ch).ListTenants(api_pb2.ListRequest(), timeout=5)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert err.value.details().startswith("member solo stopped: raft.journal") and "empty file" in err.value.details()
+    finally:
+        coord.stop()
