@@ -260,6 +260,7 @@ class RaftNode:
                 ))
                 break
             except JournalError:  # the NO_OP of a fresh log could not be written: already reported
+                journal._destroy()
                 return
             except SyncObjException as exc:  # BindError: the port is busy (or in TIME_WAIT elsewhere)
                 last_exc = exc
