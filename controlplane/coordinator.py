@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from adapters.client import RemoteAdapter, RemoteObservations
 from controlplane.api.admin import FencedClusterStatus, NodeStatus, PeerStatus
@@ -77,6 +77,11 @@ class Coordinator:
                                        buckets=TICK_BUCKETS_S, registry=self.registry)
         self._ticks = Counter("controlplane_ticks", "Control-loop ticks by outcome.", ["outcome"], registry=self.registry)
         self._metrics_server = None
+        # --- Raft storage failure (corrupt journal/metadata/snapshot, full disk): see docs/reliability.md
+        self._storage_failed = Gauge("controlplane_raft_storage_failed",
+                                     "1 when this member stopped taking part in Raft because its storage failed.",
+                                     ["kind"], registry=self.registry)
+        self.node.add_fatal_listener(self._on_storage_failure)
         self.replicator = RaftReplicator(self.node, cfg, fence=self.guard.fence,
                                          on_transitions=TransitionRecorder(self.registry).record)
         adapter_token = _token_from(cfg.adapter_token_file, "adapter_token_file")
@@ -105,6 +110,8 @@ class Coordinator:
         self.guard.start()
         self.observations.start()  # every member follows the adapters: warm filters at failover
         self.api = serve(self.cfg, self.node, status=self.status, members=self, holder=_HolderView(self))
+        if self.node.fatal_error():  # failed before the API existed (e.g. at load)
+            self.api.set_stopped(self.node.fatal_error())
         if self.cfg.metrics_address is not None:
             host, port = self.cfg.metrics_address.rsplit(":", 1)
             self._metrics_server, _ = start_http_server(int(port), addr=host.strip("[]"), registry=self.registry)
@@ -128,6 +135,12 @@ class Coordinator:
         self.guard.stop(release=True)
         self.node.stop()
         log.info("coordinator_stopped", node_id=self.cfg.node_id)
+
+    def _on_storage_failure(self, kind: str, reason: str) -> None:
+        """The Raft member stopped (RaftNode logged the one line): metric, health, API."""
+        self._storage_failed.labels(kind).set(1)
+        if self.api is not None:
+            self.api.set_stopped(reason)
 
     # --- the control loop thread -------------------------------------------------------------------
     def _run_loop(self) -> None:

@@ -257,22 +257,25 @@ def read_snapshot_file(path: str) -> SnapshotFile:
     with open(path, "rb") as f:
         data = f.read()
     if data[: len(SNAPSHOT_MAGIC)] != SNAPSHOT_MAGIC:
-        raise codec.CodecError("snapshot", f"{path}: not a controlplane snapshot (bad magic)")
+        raise codec.CodecError("snapshot", f"{path}: not a controlplane snapshot (bad magic at byte offset 0)")
     off = len(SNAPSHOT_MAGIC)
+    if len(data) < off + 4:
+        raise codec.CodecError("snapshot", f"{path}: truncated at byte offset {len(data)} (inside the header)")
     (hlen,) = struct.unpack(">I", data[off : off + 4])
     if hlen > MAX_SNAPSHOT_HEADER:
-        raise codec.CodecError("snapshot", f"{path}: header of {hlen} bytes exceeds the limit")
+        raise codec.CodecError("snapshot", f"{path}: header of {hlen} bytes exceeds the limit (at byte offset {off})")
     try:
         header = json.loads(data[off + 4 : off + 4 + hlen])
         body = data[off + 4 + hlen :]
         if header["format"] != SNAPSHOT_FORMAT:
-            raise codec.CodecError("snapshot", f"{path}: unknown format {header['format']!r}")
+            raise codec.CodecError("snapshot", f"{path}: unknown format {header['format']!r} (at byte offset {off + 4})")
         if hashlib.sha256(body).hexdigest() != header["sha256"]:
-            raise codec.CodecError("snapshot", f"{path}: checksum mismatch (truncated or corrupt)")
+            raise codec.CodecError("snapshot", f"{path}: checksum mismatch over bytes {off + 4 + hlen}..{len(data)} "
+                                               "(truncated or corrupt)")
         li, lt, ll = header["last"]
         pi, pt, pl = header["prev"]
         if ll + pl + header["state_len"] != len(body):
-            raise codec.CodecError("snapshot", f"{path}: section lengths do not add up")
+            raise codec.CodecError("snapshot", f"{path}: section lengths do not add up (at byte offset {off + 4 + hlen})")
         return SnapshotFile(
             last=(body[:ll], int(li), int(lt)),
             prev=(body[ll : ll + pl], int(pi), int(pt)),
@@ -280,5 +283,5 @@ def read_snapshot_file(path: str) -> SnapshotFile:
             state=body[ll + pl :],
         )
     except (KeyError, ValueError, TypeError) as exc:
-        raise codec.CodecError("snapshot", f"{path}: malformed header: {exc}") from exc
+        raise codec.CodecError("snapshot", f"{path}: malformed header at byte offset {off + 4}: {exc}") from exc
 

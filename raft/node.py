@@ -20,11 +20,12 @@ Decisions (details and measurements in ``docs/lease.md``):
 * **Own tick thread** (``autoTick=False``): the journal hook below is installed before the first
   tick (no race with pysyncobj's auto-tick thread), every tick publishes an immutable
   :class:`RaftStatus` for other threads, and :meth:`RaftNode.stop` joins deterministically.
-* **Durability** (``fsync: entry``): pysyncobj never fsyncs. We wrap its journal object so that every
-  appended entry is fsync'ed before pysyncobj continues (a follower acks only after that; the leader
-  counts itself only after that), term/vote changes are fsync'ed before any message depending on
-  them, and the snapshot file and its rename are durable before the journal is truncated behind
-  them. The one private attribute involved is reached in :func:`_wrap_journal` only.
+* **Durability and integrity**: the journal is ours (:class:`raft.journal.RaftJournal`: checksummed
+  records, plain file I/O, fsync per entry with ``fsync: entry``), handed to SyncObj through its
+  journal factory in :func:`construct_with_journal` (the one place touching pysyncobj internals).
+  A corrupt, truncated or empty journal, metadata or snapshot file, or a failed write (full disk),
+  stops this member: one log line, no Raft (no vote, no ack), :meth:`RaftNode.fatal_error` set and
+  the fatal listeners told (the coordinator turns health NOT_SERVING and the API UNAVAILABLE).
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pysyncobj import FAIL_REASON, HAS_CRYPTO, SyncObj, SyncObjConf, SyncObjException
-from pysyncobj.journal import FileJournal
 from pysyncobj.node import TCPNode
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
@@ -58,6 +58,7 @@ from controlplane.domain.state import ControlState
 from controlplane.runtime.events import EventLog
 from raft import codec
 from raft.fsm import ControlFsm, read_snapshot_file, write_snapshot_file
+from raft.journal import Disk, JournalError, JournalWriteFailed, RaftJournal
 from raft.lease import LeaseCommand, LeaseOutcome, LeaseRecord
 
 log = logging.getLogger(__name__)
@@ -106,7 +107,7 @@ class DurabilityStats:
     fsync_ms_total: float
     fsync_ms_max: float
     skipped_rewrites: int
-    """Re-sent entries identical to the ones on file, not rewritten (see :class:`DurableJournal`)."""
+    """Re-sent entries identical to the ones on file, not rewritten (see :class:`RaftJournal`)."""
 
 
 # --- pysyncobj failure codes -> the control plane's error tree --------------------------------------
@@ -129,7 +130,7 @@ def failure_error(code: object, leader_hint: str | None, what: str = "command") 
     return CommitTimeout(f"{what}: pysyncobj failure {code!r}: unknown outcome")
 
 
-# --- durability: the journal hook -------------------------------------------------------------------
+# --- durability: our journal, handed to SyncObj ----------------------------------------------------
 
 
 def _fsync_path(path: str | Path) -> None:
@@ -140,164 +141,59 @@ def _fsync_path(path: str | Path) -> None:
         os.close(fd)
 
 
-class DurableJournal:
-    """Delegates to pysyncobj's ``FileJournal``; with ``fsync`` it makes each mutation durable
-    before returning to pysyncobj (which then sends the messages that depend on it).
-
-    It also makes truncation lazy. pysyncobj truncates a follower's log at ``prevLogIdx + 1`` on
-    *every* append that overlaps what the follower has (the leader re-sends unacknowledged entries
-    on each new command), then re-adds the same entries: an fsync'ed rewrite of acknowledged
-    entries, and a window in which a kill -9 leaves them missing from disk. Here the cut is only
-    remembered; re-added entries identical to the ones on file are skipped, and whatever still lies
-    beyond the cut is deleted at the first differing add or the next read (the log pysyncobj sees
-    is exactly the one it asked for).
-    """
-
-    def __init__(
-        self, inner: FileJournal, journal_path: Path, fsync: bool, applied: Callable[[], int] | None = None
-    ) -> None:
-        self._inner = inner
-        self._path = journal_path
-        self._meta = Path(str(journal_path) + ".meta")
-        self._dir = journal_path.parent
-        self._fsync = fsync
-        self._applied = applied
-        self._fd = os.open(journal_path, os.O_RDONLY) if fsync else -1
-        self._cut: int | None = None
-        self._lock = threading.Lock()
-        self._n = 0
-        self._total = 0.0
-        self._max = 0.0
-        self._skipped = 0
-
-    # journal API used by SyncObj (all calls come from the tick thread) -----------------------------
-    def add(self, command: bytes, idx: int, term: int) -> None:
-        if self._cut is not None:
-            if self._cut < len(self._inner) and self._inner[self._cut] == (command, idx, term):
-                self._cut += 1  # the same entry is already on file (and was synced when written)
-                self._skipped += 1
-                return
-            self._finish_cut()
-        self._inner.add(command, idx, term)
-        self._sync_journal()
-
-    def deleteEntriesFrom(self, entry_from: int) -> None:  # noqa: N802 (pysyncobj's name)
-        self._finish_cut()
-        self._cut = entry_from
-
-    def clear(self) -> None:
-        self._cut = None
-        self._sync_dir()  # a snapshot renamed into place must be durable before the log behind it goes
-        self._inner.clear()
-
-    def deleteEntriesTo(self, entry_to: int) -> None:  # noqa: N802
-        self._finish_cut()
-        self._sync_dir()
-        self._inner.deleteEntriesTo(entry_to)
-        self._sync_journal()
-
-    def setCurrentTerm(self, term: int, voted_for: Any) -> None:  # noqa: N802
-        self._inner.setCurrentTerm(term, voted_for)
-        if self._fsync:
-            self._timed(lambda: (_fsync_path(self._meta), _fsync_path(self._dir)))
-
-    def __getitem__(self, item: Any) -> Any:
-        self._finish_cut()
-        return self._inner[item]
-
-    def __len__(self) -> int:
-        self._finish_cut()
-        return len(self._inner)
-
-    def __getattr__(self, name: str) -> Any:  # getRaftCommitIndex, onOneSecondTimer, flush...
-        return getattr(self._inner, name)
-
-    def _destroy(self) -> None:
-        self._finish_cut()
-        self._inner._destroy()
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
-    # ours -------------------------------------------------------------------------------------------
-    def _finish_cut(self) -> None:
-        cut, self._cut = self._cut, None
-        if cut is None or cut >= len(self._inner):
-            return
-        first = self._inner[cut][1]
-        if self._applied is not None and first <= self._applied():
-            log.critical(
-                "truncating already-applied log entries from index %d (last applied %d): this replica's "
-                "state machine may have diverged", first, self._applied(),
-            )
-        self._inner.deleteEntriesFrom(cut)
-        self._sync_journal()
-
-    def align_to_snapshot(self, prev: tuple[bytes, int, int], last: tuple[bytes, int, int]) -> int:
-        """At start-up: if the journal still holds entries older than a snapshot that was renamed
-        into place just before a crash (pysyncobj truncates one tick later), drop only those, so
-        pysyncobj does not clear the newer entries along with them. Returns entries dropped."""
-        self._finish_cut()
-        n = len(self._inner)
-        if n < 2:
-            return 0
-        k = prev[1] - self._inner[0][1]
-        if 0 < k < n - 1 and self._inner[k] == prev and self._inner[k + 1] == last:
-            self._inner.deleteEntriesTo(k)
-            self._sync_journal()
-            return k
-        return 0
-
-    def statistics(self) -> DurabilityStats:
-        with self._lock:
-            return DurabilityStats(
-                "entry" if self._fsync else "none", self._n, self._total, self._max, self._skipped
-            )
-
-    def _sync_journal(self) -> None:
-        if self._fsync:
-            self._timed(lambda: (self._inner.flush(), os.fsync(self._fd)))
-
-    def _sync_dir(self) -> None:
-        if self._fsync:
-            self._timed(lambda: _fsync_path(self._dir))
-
-    def _timed(self, fn: Callable[[], object]) -> None:
-        t0 = time.perf_counter()
-        fn()
-        dt = (time.perf_counter() - t0) * 1000.0
-        with self._lock:
-            self._n += 1
-            self._total += dt
-            self._max = max(self._max, dt)
-
-
 class _DropSpuriousTruncationWarning(logging.Filter):
     """pysyncobj logs CRITICAL "truncating already-applied log entries" whenever the leader re-sends
-    entries a follower already has, which is routine; :class:`DurableJournal` logs the real case
-    (an applied entry actually removed) instead."""
+    entries a follower already has, which is routine; :class:`RaftJournal` logs the real case (an
+    applied entry actually removed) instead. pysyncobj also logs a traceback for "failed to load full
+    dump" around our deserializer; when that failure was already reported (one line, member stopped)
+    the traceback is dropped."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("truncating already-applied log entries")
+        if str(record.msg).startswith("truncating already-applied log entries"):
+            return False
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, (_Reported, JournalError))
+
+
+class _Reported(Exception):
+    """Raised through pysyncobj after the failure was logged and the member marked fatal."""
 
 
 logging.getLogger("pysyncobj.syncobj").addFilter(_DropSpuriousTruncationWarning())
 
+_JOURNAL_FACTORY_LOCK = threading.Lock()
 
-def _wrap_journal(obj: SyncObj, journal_path: Path, fsync: bool) -> DurableJournal:
-    """THE ONE PLACE that touches a pysyncobj private attribute: ``SyncObj.__raftLog`` (name-mangled
-    ``_SyncObj__raftLog``), the journal object SyncObj writes every entry, term and vote to. pysyncobj
-    offers no hook between "entry appended" and "ack sent", so we replace the object with a
-    delegating wrapper. ``tests/raft/test_durability.py`` fails if pysyncobj renames or changes it."""
-    inner = getattr(obj, "_SyncObj__raftLog", None)
-    if not isinstance(inner, FileJournal):
+
+def construct_with_journal(journal: RaftJournal, build: Callable[[], SyncObj]) -> SyncObj:
+    """THE ONE PLACE that touches pysyncobj internals. ``SyncObj.__init__`` builds its journal with
+    ``createJournal(conf.journalFile)`` (a name imported into ``pysyncobj.syncobj``) and reads it at
+    once (length, a NO_OP for an empty log, term, vote, commit index), so the journal must be ours
+    *before* ``__init__`` runs: for the duration of ``build()`` that name is replaced by a factory that
+    returns ``journal`` for its path (any other path: pysyncobj's own factory). Raises RuntimeError if
+    the SyncObj did not ask for it; ``tests/raft/test_durability.py`` fails if pysyncobj changes."""
+    import pysyncobj.syncobj as syncobj_module
+
+    original = syncobj_module.createJournal
+    asked: list[str] = []
+
+    def factory(journal_file: str | None = None) -> Any:
+        if journal_file == str(journal.path):
+            asked.append(journal_file)
+            return journal
+        return original(journal_file)
+
+    with _JOURNAL_FACTORY_LOCK:
+        syncobj_module.createJournal = factory
+        try:
+            obj = build()
+        finally:
+            syncobj_module.createJournal = original
+    if not asked:
         raise RuntimeError(
-            f"pysyncobj {PYSYNCOBJ_VERSION} internals changed: SyncObj._SyncObj__raftLog "
-            f"is {type(inner).__name__}, expected FileJournal; raft/node.py _wrap_journal must be updated"
+            f"pysyncobj {PYSYNCOBJ_VERSION} internals changed: SyncObj did not build its journal through "
+            "pysyncobj.syncobj.createJournal; raft/node.py construct_with_journal must be updated"
         )
-    wrapped = DurableJournal(inner, journal_path, fsync, applied=lambda: obj.raftLastApplied)
-    obj._SyncObj__raftLog = wrapped  # type: ignore[attr-defined]
-    return wrapped
+    return obj
 
 
 # --- the node ---------------------------------------------------------------------------------------
@@ -308,13 +204,15 @@ class RaftNode:
 
     ``node_class`` builds pysyncobj's node objects from addresses (self, peers, members added later,
     members restored from a snapshot); tests pass a factory that routes peers through fault proxies.
-    ``clock_ms`` is the monotonic millisecond clock that stamps ``t_obs_ms`` (LeaseGuard's default)."""
+    ``clock_ms`` is the monotonic millisecond clock that stamps ``t_obs_ms`` (LeaseGuard's default).
+    ``disk`` is the journal's write/fsync layer (tests pass one that fails like a full disk)."""
 
     def __init__(
         self,
         cfg: CoordinatorConfig,
         node_class: Callable[[str], TCPNode] | None = None,
         clock_ms: Callable[[], int] | None = None,
+        disk: Disk | None = None,
     ) -> None:
         if cfg.password is None or not cfg.password.get_secret_value():
             raise ConfigError(f"password: {PASSWORD_REQUIRED}", field="password")
@@ -327,16 +225,19 @@ class RaftNode:
         self.clock_ms: Callable[[], int] = clock_ms or monotonic_ms
         self.fsm = ControlFsm(self.clock_ms)
         self._node_class: Callable[[str], TCPNode] = node_class or TCPNode
+        self._disk = disk
         self._journal_path = cfg.data_dir / JOURNAL_FILE
         self._snapshot_path = cfg.data_dir / SNAPSHOT_FILE
         self._members = {m.raft_address: Member(m.node_id, m.raft_address, m.api_address) for m in cfg.members()}
         self._members_lock = threading.Lock()
         self._obj: SyncObj | None = None
-        self._journal: DurableJournal | None = None
+        self._journal: RaftJournal | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._ticked = False
         self._fatal = ""
+        self._fatal_kind = ""
+        self._fatal_listeners: list[Callable[[str, str], None]] = []
         self._status = RaftStatus(self.node_id, "follower", 0, None, 0, 0, 0, ())
         self._leader_address: str | None = None
 
@@ -346,21 +247,82 @@ class RaftNode:
         if self._obj is not None:
             raise RuntimeError("RaftNode already started")
         others = [p.raft_address for p in self.cfg.peers]
+        # --- storage: verified before SyncObj exists (a bad file stops this member: no port, no vote)
+        journal = self._open_storage()
+        if journal is None:
+            return
+        self._journal = journal
         last_exc: Exception | None = None
         for _ in range(BIND_ATTEMPTS):
             try:
-                self._obj = SyncObj(
+                self._obj = construct_with_journal(journal, lambda: SyncObj(
                     self.cfg.raft_address, others, conf=self._conf(), consumers=[self.fsm], nodeClass=self._node_class
-                )
+                ))
                 break
+            except JournalError:  # the NO_OP of a fresh log could not be written: already reported
+                journal._destroy()
+                return
             except SyncObjException as exc:  # BindError: the port is busy (or in TIME_WAIT elsewhere)
                 last_exc = exc
                 time.sleep(BIND_RETRY_S)
         if self._obj is None:
+            journal._destroy()
             raise Unavailable(f"raft: cannot bind {self.cfg.raft_address}: {last_exc}") from last_exc
-        self._journal = _wrap_journal(self._obj, self._journal_path, self.cfg.fsync == "entry")
         self._thread = threading.Thread(target=self._run, name=f"raft-tick-{self.node_id}", daemon=True)
         self._thread.start()
+
+    # --- storage and the fatal path ---------------------------------------------------------------
+    def _open_storage(self) -> RaftJournal | None:
+        """Open and verify the journal, its metadata and the snapshot. None (member stopped, reported)
+        when any of them is unusable."""
+        try:
+            journal = RaftJournal(self._journal_path, fsync=self.cfg.fsync == "entry", disk=self._disk,
+                                  applied=lambda: self._obj.raftLastApplied if self._obj is not None else 0)
+        except JournalError as exc:
+            self._set_fatal(str(exc), "disk" if isinstance(exc, JournalWriteFailed) else "corrupt")
+            return None
+        except OSError as exc:
+            self._set_fatal(f"{exc.filename}: cannot read: {exc.strerror}", "disk")
+            return None
+        journal.on_failure = lambda exc: self._set_fatal(
+            str(exc), "disk" if isinstance(exc, JournalWriteFailed) else "corrupt")
+        snap_last = 0
+        if self._snapshot_path.exists():
+            try:
+                snap_last = read_snapshot_file(str(self._snapshot_path)).last[1]
+            except (OSError, codec.CodecError) as exc:
+                journal._destroy()
+                self._set_fatal(f"cannot load snapshot: {exc}", "corrupt")
+                return None
+        last = journal[-1][1] if len(journal) else 0
+        commit = journal.meta.commit_index
+        if commit > 1 and commit > max(last, snap_last):
+            journal._destroy()
+            self._set_fatal(f"{self._journal_path}: ends at index {last} (snapshot: {snap_last}) but its metadata "
+                            f"records index {commit} as committed: committed entries are missing "
+                            f"(at byte offset {journal.size})", "corrupt")
+            return None
+        return journal
+
+    def _set_fatal(self, reason: str, kind: str) -> None:
+        """Stop taking part in Raft for good (until an operator repairs the data dir and restarts)."""
+        if self._fatal:
+            return
+        self._fatal_kind = kind
+        self._fatal = reason
+        log.critical("raft member %s stopped: %s", self.node_id, reason)
+        for cb in list(self._fatal_listeners):
+            cb(kind, reason)
+
+    def add_fatal_listener(self, cb: Callable[[str, str], None]) -> None:
+        """``cb(kind, reason)`` when this member stops for a storage problem (``kind``: ``corrupt`` or
+        ``disk``); called at once if it already has."""
+        self._fatal_listeners.append(cb)
+        if self._fatal:
+            cb(self._fatal_kind, self._fatal)
+
+    def fatal_kind(self) -> str:
+        return self._fatal_kind
 
     def stop(self, timeout_s: float = STOP_JOIN_S) -> None:
         """Stop ticking, close connections and the journal (flushed). Idempotent."""
@@ -420,6 +382,8 @@ class RaftNode:
             while not self._stopping.is_set() and not self._fatal:
                 try:
                     obj.doTick(wait)
+                except (JournalError, _Reported):
+                    pass  # reported once by _set_fatal; the loop ends on self._fatal
                 except Exception:
                     log.exception("raft tick failed on %s", self.node_id)
                     time.sleep(wait)
@@ -472,9 +436,8 @@ class RaftNode:
         except (OSError, codec.CodecError) as exc:
             # Running on without the snapshot would replay a truncated journal onto an empty state:
             # a silently diverged replica. Stop this member instead (it no longer votes or acks).
-            self._fatal = f"cannot load snapshot {path}: {exc}"
-            log.critical("%s: %s; stopping this Raft member", self.node_id, self._fatal)
-            raise
+            self._set_fatal(f"cannot load snapshot: {exc}", "corrupt")
+            raise _Reported(str(exc)) from None
         return snap.last, snap.prev, [self._node_class(a) for a in snap.cluster]
 
     # --- views (any thread) -------------------------------------------------------------------------
@@ -516,7 +479,9 @@ class RaftNode:
     def durability(self) -> DurabilityStats:
         if self._journal is None:
             return DurabilityStats(self.cfg.fsync, 0, 0.0, 0.0, 0)
-        return self._journal.statistics()
+        st = self._journal.statistics()
+        return DurabilityStats("entry" if st.fsync else "none", st.fsyncs, st.fsync_ms_total, st.fsync_ms_max,
+                               st.skipped_rewrites)
 
     def wait_leader(self, timeout_s: float) -> str | None:
         """Poll until some leader is known (returns its node id) or the timeout passes (None)."""
@@ -527,6 +492,11 @@ class RaftNode:
                 return leader
             time.sleep(0.01)
         return None
+
+    def _not_running(self) -> str:
+        if self._fatal:
+            return f"raft member {self.node_id} stopped: {self._fatal}"
+        return f"raft node {self.node_id} is not running"
 
     def _id_of(self, raft_address: str) -> str:
         with self._members_lock:
@@ -539,7 +509,7 @@ class RaftNode:
         """Submit one encoded entry and wait until it is applied on this node; returns its local
         result. Raises the translated error (NotLeader, LeadershipLost, QueueFull, CommitTimeout)."""
         if self._obj is None or not self.running:
-            raise Unavailable(f"raft node {self.node_id} is not running")
+            raise Unavailable(self._not_running())
         holder, epoch = fence if fence is not None else ("", 0)
         try:
             return self.fsm.apply_entry(payload, holder, epoch, sync=True, timeout=timeout_s)
@@ -579,7 +549,7 @@ class RaftNode:
             raise ValidationError("raft_address", problem)
         obj = self._obj
         if obj is None or not self.running:
-            raise Unavailable(f"raft node {self.node_id} is not running")
+            raise Unavailable(self._not_running())
         done = threading.Event()
         box: list[object] = []
 

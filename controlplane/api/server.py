@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -323,6 +324,8 @@ class ApiCore:
         """In-flight watches and calls per tenant (applied by :class:`~controlplane.api.limits.LimitsInterceptor`)."""
         self._channels: dict[str, grpc.Channel] = {}
         self._channels_lock = threading.Lock()
+        self.unavailable = ""
+        """Set by :meth:`ApiServer.set_stopped`: why every API call answers UNAVAILABLE."""
 
     def caught_up(self) -> bool:
         """This replica knows a leader and has applied everything it knows to be committed."""
@@ -1240,6 +1243,47 @@ class DecodeInterceptor(grpc.ServerInterceptor):
 
 
 
+# --- a member whose Raft storage failed ----------------------------------------------------------------
+
+
+STOPPED_EXEMPT = ("/grpc.health.v1.Health/", "/grpc.reflection.", "/" + admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name + "/")
+"""Still answered by a stopped member: health (NOT_SERVING), reflection, Admin (its Status shows the member)."""
+
+
+class StoppedInterceptor(grpc.ServerInterceptor):
+    """While ``ApiCore.unavailable`` is set (the member's journal, metadata or snapshot is unusable, or
+    its disk is full: Raft has stopped here), every other call answers UNAVAILABLE with the reason
+    instead of serving this replica's frozen state."""
+
+    def __init__(self, core: ApiCore) -> None:
+        self._core = core
+
+    def intercept_service(self, continuation, handler_call_details):
+        reason = self._core.unavailable
+        method = handler_call_details.method or ""
+        if not reason or method.startswith(STOPPED_EXEMPT):
+            return continuation(handler_call_details)
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+
+        def unary(request: object, context: grpc.ServicerContext) -> None:
+            context.abort(grpc.StatusCode.UNAVAILABLE, reason)
+
+        def stream(request: object, context: grpc.ServicerContext) -> Iterator[Any]:
+            context.abort(grpc.StatusCode.UNAVAILABLE, reason)
+            yield  # pragma: no cover
+
+        de, ser = handler.request_deserializer, handler.response_serializer
+        if handler.request_streaming and handler.response_streaming:
+            return grpc.stream_stream_rpc_method_handler(stream, de, ser)
+        if handler.request_streaming:
+            return grpc.stream_unary_rpc_method_handler(unary, de, ser)
+        if handler.response_streaming:
+            return grpc.unary_stream_rpc_method_handler(stream, de, ser)
+        return grpc.unary_unary_rpc_method_handler(unary, de, ser)
+
+
 @dataclass
 class ApiServer:
     server: grpc.Server
@@ -1251,6 +1295,13 @@ class ApiServer:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in ("", *SERVICE_NAMES):
             self.health.set(name, status)
+
+    def set_stopped(self, reason: str) -> None:
+        """The member stopped taking part in Raft: health NOT_SERVING for good, API calls UNAVAILABLE
+        with ``reason`` (absolute paths shortened to the file name)."""
+        short = reason.replace(str(self.core.cfg.data_dir) + os.sep, "")
+        self.core.unavailable = f"member {self.core.cfg.node_id} stopped: {short}"
+        self.set_serving(False)
 
     def stop(self, grace_s: float = 1.0) -> None:
         """Refuse new calls, end the watches, wait ``grace_s`` for calls in flight."""
@@ -1287,7 +1338,7 @@ def serve(cfg: CoordinatorConfig, node: NodeView, *, status: Callable[[], NodeSt
     options.append(("grpc.max_receive_message_length", cfg.api_max_request_bytes))
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=cfg.api_workers, thread_name_prefix="grpc"),
-        interceptors=(AuthInterceptor(core.auth), DecodeInterceptor(),
+        interceptors=(StoppedInterceptor(core), AuthInterceptor(core.auth), DecodeInterceptor(),
                       lim.LimitsInterceptor(core.auth, core.gate, cfg.api_max_map_entries, cfg.api_max_string_bytes)),
         options=options,
         maximum_concurrent_rpcs=cfg.api_max_concurrent_rpcs,

@@ -48,7 +48,6 @@ import json
 import os
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -119,37 +118,25 @@ def _size(path: Path) -> int:
         return 0
 
 
-def journal_logical_bytes(path: Path) -> int:
-    """The journal's used bytes: the last record offset in pysyncobj's header (0 when unreadable)."""
-    from pysyncobj import journal as pj
+def _scan_journal(path: Path):  # noqa: ANN202 (raft.journal.Loaded | None)
+    from raft.journal import JournalError, scan
 
     try:
-        with open(path, "rb") as f:
-            f.seek(pj.LAST_RECORD_OFFSET_OFFSET)
-            raw = f.read(4)
-    except OSError:
-        return 0
-    return struct.unpack("<I", raw)[0] if len(raw) == 4 else 0
+        return scan(path, path.read_bytes(), None)  # a live file: a partial last record is tolerated
+    except (OSError, JournalError):
+        return None
+
+
+def journal_logical_bytes(path: Path) -> int:
+    """The journal's used bytes: the end of its last complete record (0 when unreadable)."""
+    loaded = _scan_journal(path)
+    return 0 if loaded is None else loaded.end
 
 
 def journal_entries(path: Path, limit: int = 1_000_000) -> int:
-    """Entries in pysyncobj's journal file: records of ``<len><idx, term, command><len>`` from the
-    first record offset to the last one the header names (0 when unreadable)."""
-    from pysyncobj import journal as pj
-
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return 0
-    if len(data) < pj.FIRST_RECORD_OFFSET:
-        return 0
-    end = min(len(data), struct.unpack("<I", data[pj.LAST_RECORD_OFFSET_OFFSET:pj.LAST_RECORD_OFFSET_OFFSET + 4])[0])
-    at, n = pj.FIRST_RECORD_OFFSET, 0
-    while at + 4 <= end and n < limit:
-        (size,) = struct.unpack("<I", data[at:at + 4])
-        at += size + 8
-        n += 1
-    return n
+    """Entries in the journal file (``raft/journal.py`` format; 0 when unreadable)."""
+    loaded = _scan_journal(path)
+    return 0 if loaded is None else min(limit, len(loaded.entries))
 
 
 def data_dir_sample(data_dir: Path) -> dict[str, int]:

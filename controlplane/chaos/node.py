@@ -148,6 +148,7 @@ def _wait_for_signal() -> None:
 
 
 def coordinator_main(config: str, directory: str) -> int:
+    import raft.journal as raft_journal
     import raft.node as raft_node
     from controlplane.config import load_config
     from controlplane.coordinator import Coordinator, topology_of
@@ -162,7 +163,7 @@ def coordinator_main(config: str, directory: str) -> int:
     clock = FaultClock(int(cfg.drift_rho * cfg.lease_duration_ms))
     raft_node.monotonic_ms = clock.ms  # RaftNode's default clock: t_obs, the lease guard, authority
     faults = {"fsync_delay_ms": 0}
-    original_timed = raft_node.DurableJournal._timed
+    original_timed = raft_journal.RaftJournal._timed
 
     def slow_timed(self: Any, fn: Any) -> None:  # every fsync of the Raft journal goes through _timed
         delay = faults["fsync_delay_ms"]
@@ -170,7 +171,7 @@ def coordinator_main(config: str, directory: str) -> int:
             time.sleep(delay / 1000.0)
         original_timed(self, fn)
 
-    raft_node.DurableJournal._timed = slow_timed  # type: ignore[method-assign]
+    raft_journal.RaftJournal._timed = slow_timed  # type: ignore[method-assign]
     coord = Coordinator(cfg, topology_of(cfg))
     node_id = cfg.node_id
     guard = coord.guard

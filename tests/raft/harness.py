@@ -13,6 +13,8 @@ Each command is one line; each answer is one JSON line on stdout (logs go to std
     stream FIRST      like commit, without end, in a background thread, until "stop"
     stop              end a stream: {"ok": true, "acked": n}
     dump              {"ok": true, "keys": [...], "digest", "applied", "commit"}
+    add ADDR          add the member at Raft address ADDR (from the leader): {"ok": true} or an error
+    remove ADDR       remove the member at Raft address ADDR (from the leader)
     bench N           N single-write commits: {"ok": true, "n", "p50_ms", "p99_ms", "max_ms", "fsyncs", ...}
     quit              stop everything and exit 0
 
@@ -92,7 +94,18 @@ class Harness:
             "commit": st.commit_index, "applied": st.applied_index, "holder": rec.holder,
             "lease_epoch": rec.epoch, "version": rec.version, "epoch": epoch,
             "valid_ms": max(0, stats.valid_until_ms - now) if epoch is not None else 0,
+            "fatal": self.node.fatal_error(), "fatal_kind": self.node.fatal_kind(), "running": self.node.running,
         }
+
+    def membership(self, op: str, address: str) -> dict[str, Any]:
+        try:
+            if op == "add":
+                self.node.add_member(address)
+            else:
+                self.node.remove_member(address)
+        except ControlPlaneError as exc:
+            return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        return {"ok": True}
 
     def write(self, i: int) -> None:
         result = self.repl.commit([breaker_write(i)], self.node.clock_ms())
@@ -150,6 +163,8 @@ class Harness:
         parts = line.split()
         if not parts:
             return None
+        if parts[0] in ("add", "remove"):
+            return self.membership(parts[0], parts[1])
         cmd, args = parts[0], [int(a) for a in parts[1:]]
         if cmd == "status":
             return self.status()

@@ -7,11 +7,11 @@ If pysyncobj is upgraded, ``test_pysyncobj_internals_we_rely_on`` is the first t
 from __future__ import annotations
 
 import inspect
+import logging
 from pathlib import Path
 
 import pytest
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf
-from pysyncobj.journal import FileJournal
 from pysyncobj.serializer import Serializer
 from pysyncobj.version import VERSION
 
@@ -21,7 +21,8 @@ from controlplane.domain.state import ControlState
 from raft import codec
 from raft.fsm import ControlFsm, read_snapshot_file, write_snapshot_file
 from raft.lease import LeaseRecord
-from raft.node import DurableJournal, RaftNode, _wrap_journal, failure_error
+from raft.journal import RaftJournal
+from raft.node import RaftNode, construct_with_journal, failure_error
 from raft.replicator import RaftReplicator
 from tests.raft.cluster import PASSWORD, breaker_write, free_ports
 from tests.support.waiting import wait_until
@@ -36,34 +37,40 @@ def single_node_cfg(tmp_path: Path, **overrides: object) -> CoordinatorConfig:
 
 
 def test_pysyncobj_internals_we_rely_on(tmp_path: Path) -> None:
-    assert VERSION == "0.3.17", "re-verify raft/node.py (_wrap_journal, DurableJournal) and PYSYNCOBJ.md, then pin"
+    assert VERSION == "0.3.17", "re-verify raft/node.py (construct_with_journal), raft/journal.py and PYSYNCOBJ.md, then pin"
+    import pysyncobj.syncobj as syncobj_module
+    from pysyncobj.journal import Journal
+
     src = inspect.getsource(SyncObj)
     assert "self.__raftLog = createJournal(self.__conf.journalFile)" in src
-    for call in ("self.__raftLog.add(", "self.__raftLog.setCurrentTerm(", "self.__deleteEntriesFrom(prevLogIdx + 1)"):
-        assert call in src, call
-    for name in ("add", "clear", "deleteEntriesFrom", "deleteEntriesTo", "setCurrentTerm", "flush", "_destroy"):
-        assert callable(getattr(FileJournal, name)), name
+    assert "from .journal import createJournal" in inspect.getsource(syncobj_module)
+    # every journal method SyncObj calls exists on ours (the interface of pysyncobj.journal.Journal)
+    called = set(__import__("re").findall(r"self\.__raftLog\.(\w+)\(", src))
+    assert called <= {"add", "clear", "deleteEntriesFrom", "deleteEntriesTo", "setRaftCommitIndex",
+                      "getRaftCommitIndex", "setCurrentTerm", "getCurrentTerm", "getVotedForNodeId",
+                      "onOneSecondTimer", "_destroy"}, called
+    for name in called | {"__getitem__", "__len__", "flush"}:
+        assert getattr(RaftJournal, name) is not getattr(Journal, name, None), f"RaftJournal.{name} not implemented"
     assert "self.__serializer(tmpFile, data[1:])" in inspect.getsource(Serializer)
     assert "return (None,) + self.__deserializer(self.__fileName)" in inspect.getsource(Serializer)
 
     node = RaftNode(single_node_cfg(tmp_path))
     node.start()
     try:
-        journal = node._obj._SyncObj__raftLog  # type: ignore[union-attr]
-        assert isinstance(journal, DurableJournal)
-        assert isinstance(journal._inner, FileJournal)
+        journal = node._obj._SyncObj__raftLog  # type: ignore[union-attr]  (checking the hook, not using it)
+        assert isinstance(journal, RaftJournal) and journal is node._journal
+        assert syncobj_module.createJournal.__module__ == "pysyncobj.journal"  # the factory is restored
     finally:
         node.stop()
 
 
-def test_wrap_journal_refuses_an_unknown_journal(tmp_path: Path) -> None:
+def test_construct_with_journal_refuses_a_syncobj_that_did_not_ask(tmp_path: Path) -> None:
     port = free_ports(1)[0]
-    obj = SyncObj(f"127.0.0.1:{port}", [], conf=SyncObjConf(autoTick=False))  # in-memory journal
-    try:
-        with pytest.raises(RuntimeError, match="internals changed"):
-            _wrap_journal(obj, tmp_path / "j", fsync=True)
-    finally:
-        obj.destroy()
+    journal = RaftJournal(tmp_path / "raft.journal", fsync=True)
+    with pytest.raises(RuntimeError, match="internals changed"):
+        # journalFile=None: SyncObj builds an in-memory journal, as a changed pysyncobj would bypass ours
+        construct_with_journal(journal, lambda: SyncObj(f"127.0.0.1:{port}", [], conf=SyncObjConf(autoTick=False)))
+    journal._destroy()
 
 
 @pytest.mark.parametrize("mode", ["entry", "none"])
@@ -138,12 +145,19 @@ def entries(lo: int, hi: int, term: int = 1) -> list[tuple[bytes, int, int]]:
     return [(b"cmd-%d-%d" % (i, term), i, term) for i in range(lo, hi + 1)]
 
 
-def journal_with(tmp_path: Path, items: list[tuple[bytes, int, int]]) -> DurableJournal:
-    path = tmp_path / "raft.journal"
-    inner = FileJournal(str(path))
+def journal_with(tmp_path: Path, items: list[tuple[bytes, int, int]]) -> RaftJournal:
+    j = RaftJournal(tmp_path / "raft.journal", fsync=True)
     for e in items:
-        inner.add(*e)
-    return DurableJournal(inner, path, fsync=True)
+        j.add(*e)
+    return j
+
+
+def reread(tmp_path: Path) -> list[tuple[bytes, int, int]]:
+    j = RaftJournal(tmp_path / "raft.journal", fsync=True)
+    try:
+        return list(j[:])
+    finally:
+        j._destroy()
 
 
 def test_lazy_truncation_skips_identical_entries(tmp_path: Path) -> None:
@@ -155,7 +169,7 @@ def test_lazy_truncation_skips_identical_entries(tmp_path: Path) -> None:
     assert len(j) == 4  # the read completes the cut: entry 5 goes, as pysyncobj asked
     assert [j[i] for i in range(4)] == entries(1, 4)
     j._destroy()
-    assert [FileJournal(str(tmp_path / "raft.journal"))[i] for i in range(4)] == entries(1, 4)
+    assert reread(tmp_path) == entries(1, 4)
 
 
 def test_lazy_truncation_replaces_conflicting_entries(tmp_path: Path) -> None:
@@ -165,8 +179,7 @@ def test_lazy_truncation_replaces_conflicting_entries(tmp_path: Path) -> None:
     j.add(*entries(4, 4, term=2)[0])  # conflict: truncate here, then append
     assert [j[i] for i in range(len(j))] == entries(1, 3) + entries(4, 4, term=2)
     j._destroy()
-    reread = FileJournal(str(tmp_path / "raft.journal"))
-    assert [reread[i] for i in range(len(reread))] == entries(1, 3) + entries(4, 4, term=2)
+    assert reread(tmp_path) == entries(1, 3) + entries(4, 4, term=2)
 
 
 def test_align_to_snapshot_keeps_entries_after_it(tmp_path: Path) -> None:
@@ -177,6 +190,7 @@ def test_align_to_snapshot_keeps_entries_after_it(tmp_path: Path) -> None:
     assert j.align_to_snapshot(prev, last) == 0  # already aligned
     assert j.align_to_snapshot(*entries(7, 8, term=9)) == 0  # not this log: leave it to pysyncobj
     j._destroy()
+    assert reread(tmp_path) == entries(5, 10)
 
 
 # --- snapshot file ---------------------------------------------------------------------------------
@@ -207,3 +221,116 @@ def test_snapshot_file_round_trip_and_corruption(tmp_path: Path) -> None:
     open(path, "wb").write(b"\x80\x04not ours")
     with pytest.raises(codec.CodecError, match="bad magic"):
         read_snapshot_file(path)
+
+
+# --- the fatal path: storage that cannot be used stops the member ------------------------------------
+
+
+class _FailingDisk:
+    """Works until ``broken`` is set, then every write is ENOSPC."""
+
+    def __init__(self) -> None:
+        self.broken = False
+
+    def pwrite(self, fd: int, data: bytes, offset: int) -> None:
+        import errno
+        import os
+
+        if self.broken:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        os.pwrite(fd, data, offset)
+
+    def fsync(self, fd: int) -> None:
+        import os
+
+        os.fsync(fd)
+
+
+def test_a_full_disk_stops_a_running_member_with_one_line_and_no_traceback(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from controlplane.domain.errors import Unavailable
+
+    disk = _FailingDisk()
+    node = RaftNode(single_node_cfg(tmp_path), disk=disk)
+    told: list[tuple[str, str]] = []
+    node.add_fatal_listener(lambda kind, reason: told.append((kind, reason)))
+    node.start()
+    try:
+        wait_until(lambda: node.is_leader(), 10, "the single member to lead")
+        repl = RaftReplicator(node)
+        assert repl.commit([breaker_write(1)], 1).ok
+        disk.broken = True
+        with pytest.raises(Exception):  # noqa: B017  (the write's outcome is unknown or refused)
+            repl.commit([breaker_write(2)], 2)
+        wait_until(lambda: not node.running, 10, "the tick thread to stop")
+        assert told and told[0][0] == "disk" and "ENOSPC" in told[0][1] and len(told) == 1
+        assert "ENOSPC" in node.fatal_error() and node.fatal_kind() == "disk"
+        with pytest.raises(Unavailable, match="stopped: .*ENOSPC"):
+            node.submit(b"x", timeout_s=1)
+        stopped = [r for r in caplog.records if "stopped:" in r.getMessage()]
+        assert len(stopped) == 1 and not any(r.exc_info for r in caplog.records if r.levelno >= logging.ERROR)
+    finally:
+        node.stop()
+    again = RaftNode(single_node_cfg(tmp_path).model_copy(update={"data_dir": tmp_path / "solo"}))
+    again.start()  # space is back (a working disk): every acknowledged entry is there
+    try:
+        wait_until(lambda: "w000001" in {str(k) for k in again.state_copy().breakers}, 10, "the acked write after restart")
+        assert not again.fatal_error()
+    finally:
+        again.stop()
+
+
+def test_a_corrupt_snapshot_stops_the_member_before_raft_starts(tmp_path: Path) -> None:
+    cfg = single_node_cfg(tmp_path, log_compaction_min_entries=2)
+    node = RaftNode(cfg)
+    node.start()
+    try:
+        wait_until(lambda: node.is_leader(), 10, "the single member to lead")
+        repl = RaftReplicator(node)
+        for i in range(5):
+            assert repl.commit([breaker_write(i)], i).ok
+        node.force_compaction()
+        wait_until(lambda: (cfg.data_dir / "raft.snapshot").exists(), 10, "a snapshot")
+    finally:
+        node.stop()
+    snap = cfg.data_dir / "raft.snapshot"
+    data = bytearray(snap.read_bytes())
+    data[-2] ^= 0x01
+    snap.write_bytes(bytes(data))
+    told: list[str] = []
+    again = RaftNode(cfg)
+    again.add_fatal_listener(lambda kind, reason: told.append(kind))
+    again.start()
+    try:
+        assert not again.running and again._obj is None  # no SyncObj: no port, no vote, no ack
+        assert "raft.snapshot" in again.fatal_error() and "checksum mismatch over bytes" in again.fatal_error()
+        assert told == ["corrupt"]
+    finally:
+        again.stop()
+
+
+def test_the_coordinator_turns_a_storage_failure_into_not_serving_unavailable_and_a_metric(tmp_path: Path) -> None:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from controlplane.api.v1 import api_pb2, api_pb2_grpc
+    from controlplane.coordinator import Coordinator
+
+    cfg = single_node_cfg(tmp_path)
+    cfg.data_dir.mkdir(parents=True, exist_ok=True)
+    (cfg.data_dir / "raft.journal").write_bytes(b"")
+    (cfg.data_dir / "raft.journal.meta").write_bytes(b"")
+    coord = Coordinator(cfg)
+    coord.start()
+    try:
+        assert coord.registry.get_sample_value("controlplane_raft_storage_failed", {"kind": "corrupt"}) == 1
+        with grpc.insecure_channel(cfg.api_address) as ch:
+            reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+            assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
+            with pytest.raises(grpc.RpcError) as err:
+                api_pb2_grpc.TenantsStub(ch).ListTenants(api_pb2.ListRequest(), timeout=5)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert err.value.details().startswith("member solo stopped: raft.journal") and "empty file" in err.value.details()
+    finally:
+        coord.stop()

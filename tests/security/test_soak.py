@@ -87,14 +87,17 @@ def test_journal_verdict_needs_compaction_and_a_bounded_second_half() -> None:
     assert soak.journal_verdict(too_many, 3600, 300, first_max(too_many), 5000)["bounded"] is False
 
 
-def test_journal_entries_counts_the_records_pysyncobj_wrote(tmp_path: Path) -> None:
-    from pysyncobj.journal import FileJournal
+def test_journal_entries_counts_the_records_in_the_journal(tmp_path: Path) -> None:
+    from raft.journal import RaftJournal
 
-    j = FileJournal(str(tmp_path / "raft.journal"))
+    j = RaftJournal(tmp_path / "raft.journal", fsync=False)
     for i in range(1, 8):
         j.add(b"x" * i, i, 1)
-    j.deleteEntriesTo(3)  # what compaction does: the file keeps its size, the log shrinks
+    j.deleteEntriesTo(3)  # what compaction does: a new, shorter file
     j._destroy()
+    assert soak.journal_entries(tmp_path / "raft.journal") == 4
+    with open(tmp_path / "raft.journal", "ab") as f:
+        f.write(b"\x00\x00\x00")  # a live file being appended to: the partial record is not counted
     assert soak.journal_entries(tmp_path / "raft.journal") == 4
     assert soak.journal_logical_bytes(tmp_path / "raft.journal") < (tmp_path / "raft.journal").stat().st_size
     assert soak.journal_entries(tmp_path / "missing") == 0
