@@ -143,3 +143,88 @@ def write_secret(path: Path, data: bytes | str) -> None:
         tmp.unlink(missing_ok=True)
         raise
     os.replace(tmp, path)
+
+
+# --- Raft member certificates (mutual TLS between coordinators) --------------------------------------
+
+COORDINATOR_URI_PREFIX = "controlplane://coordinator/"
+"""A coordinator's Raft identity is the URI SAN ``controlplane://coordinator/<node_id>`` of its
+certificate (see ``raft/transport.py`` and docs/security.md "Raft transport")."""
+
+
+def coordinator_uri(node_id: str) -> str:
+    return COORDINATOR_URI_PREFIX + node_id
+
+
+@dataclass(frozen=True, slots=True)
+class RaftPki:
+    """A CA for the Raft transport (``raft-ca.pem``/``raft-ca-key.pem``) and member certificates
+    ``<node_id>.pem``/``<node_id>-key.pem`` beside it."""
+
+    dir: Path
+    ca_cert: Path
+    ca_key: Path
+
+    def cert(self, node_id: str) -> Path:
+        return self.dir / f"{node_id}.pem"
+
+    def key(self, node_id: str) -> Path:
+        return self.dir / f"{node_id}-key.pem"
+
+    def tls_fields(self, node_id: str) -> dict[str, str]:
+        """The ``raft_tls`` block of that member's configuration."""
+        return {"ca_file": str(self.ca_cert), "cert_file": str(self.cert(node_id)), "key_file": str(self.key(node_id))}
+
+
+def make_raft_pki(directory: str | os.PathLike[str], node_ids: Sequence[str], *, valid_days: int = VALID_DAYS,
+                  now: dt.datetime | None = None) -> RaftPki:
+    """Write a Raft CA into ``directory`` (reused when both its files exist) and a certificate for
+    each of ``node_ids`` (replaced if present)."""
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    pki = RaftPki(root, root / "raft-ca.pem", root / "raft-ca-key.pem")
+    if not (pki.ca_cert.is_file() and pki.ca_key.is_file()):
+        start = (now or dt.datetime.now(dt.UTC)) - CLOCK_SKEW
+        key = ec.generate_private_key(ec.SECP256R1())
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "controlplane dev Raft CA")])
+        ca = (
+            x509.CertificateBuilder()
+            .subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(start)
+            .not_valid_after(start + CLOCK_SKEW + dt.timedelta(days=valid_days))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                         content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                         key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+            .sign(key, hashes.SHA256())
+        )
+        _write_key(pki.ca_key, key)
+        _write_cert(pki.ca_cert, ca)
+    for node_id in node_ids:
+        issue_coordinator_cert(pki, node_id, valid_days=valid_days, now=now)
+    return pki
+
+
+def issue_coordinator_cert(pki: RaftPki, node_id: str, *, hosts: Sequence[str] = (), valid_days: int = VALID_DAYS,
+                           now: dt.datetime | None = None, uri: str | None = None) -> tuple[Path, Path]:
+    """Sign a member certificate (URI SAN :func:`coordinator_uri`, plus ``hosts`` as DNS/IP SANs;
+    serverAuth and clientAuth: each member is both) with the Raft CA; returns (cert, key) paths.
+    ``uri`` replaces the identity URI (tests use it to make a non-coordinator certificate)."""
+    if not node_id:
+        raise ValueError("node_id: must not be empty")
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    ca_cert = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
+    ca_key = load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise ValueError(f"{pki.ca_key}: expected an EC private key")
+    start = (now or dt.datetime.now(dt.UTC)) - CLOCK_SKEW
+    end = start + CLOCK_SKEW + dt.timedelta(days=valid_days)
+    key = ec.generate_private_key(ec.SECP256R1())
+    sans: list[x509.GeneralName] = [x509.UniformResourceIdentifier(uri or coordinator_uri(node_id)), *_sans(hosts)]
+    cert = _leaf(ca_cert, ca_key, key, node_id, sans,
+                 (ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH), start, end)
+    _write_key(pki.key(node_id), key)
+    _write_cert(pki.cert(node_id), cert)
+    return pki.cert(node_id), pki.key(node_id)
