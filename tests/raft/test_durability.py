@@ -23,7 +23,9 @@ from raft.fsm import ControlFsm, read_snapshot_file, write_snapshot_file
 from raft.lease import LeaseRecord
 from raft.node import DurableJournal, RaftNode, _wrap_journal, failure_error
 from raft.replicator import RaftReplicator
+from raft.transport import derive_auth_key
 from tests.raft.cluster import PASSWORD, breaker_write, free_ports
+from tests.support.raft_pki import raft_tls
 from tests.support.waiting import wait_until
 
 
@@ -31,7 +33,8 @@ def single_node_cfg(tmp_path: Path, **overrides: object) -> CoordinatorConfig:
     raft_port, api_port = free_ports(2)
     return CoordinatorConfig(
         node_id="solo", zone="az-1", raft_address=f"127.0.0.1:{raft_port}", api_address=f"127.0.0.1:{api_port}",
-        data_dir=tmp_path / "solo", password=PASSWORD, **overrides,  # type: ignore[arg-type]
+        data_dir=tmp_path / "solo", password=PASSWORD, raft_tls=raft_tls(tmp_path, "solo"),
+        **overrides,  # type: ignore[arg-type]
     )
 
 
@@ -92,10 +95,18 @@ def test_refuses_to_start_without_password(tmp_path: Path) -> None:
         RaftNode(cfg)
 
 
+def test_refuses_to_start_without_raft_tls(tmp_path: Path) -> None:
+    cfg = single_node_cfg(tmp_path).model_copy(update={"raft_tls": None})
+    with pytest.raises(ConfigError, match="raft_tls: required: Raft members authenticate each other with mutual TLS"):
+        RaftNode(cfg)
+
+
 def test_syncobj_conf_from_config(tmp_path: Path) -> None:
     cfg = single_node_cfg(tmp_path)
-    conf = RaftNode(cfg)._conf()
-    assert conf.password == PASSWORD
+    node = RaftNode(cfg)
+    conf = node._conf()
+    assert conf.password is None  # the password is checked by raft/transport.py, not by pysyncobj's Fernet layer
+    assert node._transport_settings.auth_key == derive_auth_key(PASSWORD.encode())
     assert conf.bindAddress == cfg.raft_address  # never 0.0.0.0
     assert conf.journalFile == str(cfg.data_dir / "raft.journal")
     assert conf.fullDumpFile == str(cfg.data_dir / "raft.snapshot")
