@@ -231,8 +231,11 @@ class Link:
         except ssl.SSLWantWriteError:
             self._subscribe(_READ_WRITE)
             return
-        except (ssl.SSLError, OSError) as exc:
+        except ssl.SSLError as exc:  # a certificate refused, a protocol violation, not TLS at all
             self.close(f"TLS handshake failed: {_short(exc)}", "tls_rejected")
+            return
+        except OSError as exc:  # reset or closed by the peer
+            self.close(f"connection lost during the TLS handshake: {_short(exc)}")
             return
         self.state = "auth"
         self._last_read = now_s
@@ -304,7 +307,7 @@ class Link:
                 break
             (n,) = HEADER.unpack_from(buf, self._rpos)
             if n > self.max_frame:
-                self.close(f"frame of {n} bytes announced, limit {self.max_frame}", "oversize_frame")
+                self.close(f"frame of {n} bytes announced, limit {self.max_frame}", "oversize_frames")
                 return False
             if avail < HEADER_BYTES + n:
                 break
