@@ -189,7 +189,8 @@ class Harness:
         if cmd == "transport":
             stats = self.node.transport_stats()
             assert stats is not None
-            return {"ok": True, "counters": stats.counters, "accept_paused": stats.accept_paused}
+            return {"ok": True, "counters": stats.counters, "accept_paused": stats.accept_paused,
+                    "open_links": stats.open_links, "pending_links": stats.pending_links}
         return {"ok": False, "error": f"unknown command {cmd!r}"}
 
 
