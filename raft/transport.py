@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import collections
 import errno
-import hashlib
 import hmac
 import logging
 import os
@@ -49,20 +48,22 @@ from pysyncobj.transport import Transport, TransportNotReadyError
 from controlplane.tls import COORDINATOR_URI_PREFIX
 from raft import wire
 from raft.link import Link, LinkLimits
+from raft.peer_auth import (
+    AUTH_VERSION,
+    NONCE_BYTES,
+    CertWatcher,
+    coordinator_identity,
+    derive_auth_key,
+    mac as _mac,
+)
 
 log = logging.getLogger(__name__)
 
-AUTH_VERSION = 1
-NONCE_BYTES = 32
-PBKDF2_ITERATIONS = 100_000
-AUTH_SALT = b"controlplane-raft-transport-auth-v1"
 ACCEPT_BATCH = 16
 """Connections accepted per listener event (the rest wait for the next loop turn)."""
 LISTEN_BACKLOG = 128
 LOG_EVERY_S = 1.0
 """A counted refusal logs at most one line per kind per second (the rest are counted)."""
-CERT_CHECK_S = 10.0
-"""How often the certificate files are checked for rotation."""
 
 COUNTERS = (
     "tls_rejected", "identity_rejected", "password_rejected", "oversize_frames", "handshake_timeout",
@@ -118,44 +119,12 @@ class TransportSettings:
         )
 
 
-def derive_auth_key(password: bytes) -> bytes:
-    return hashlib.pbkdf2_hmac("sha256", password, AUTH_SALT, PBKDF2_ITERATIONS)
-
-
 @dataclass(frozen=True, slots=True)
 class TransportStats:
     counters: dict[str, int]
     open_links: int
     pending_links: int
     accept_paused: bool
-
-
-def coordinator_identity(cert: dict[str, Any]) -> str | None:
-    """The node id of the single coordinator URI SAN in a peer certificate (None: none or several)."""
-    ids = [value[len(COORDINATOR_URI_PREFIX):] for kind, value in cert.get("subjectAltName", ())
-           if kind == "URI" and isinstance(value, str) and value.startswith(COORDINATOR_URI_PREFIX)]
-    return ids[0] if len(ids) == 1 and ids[0] else None
-
-
-def make_contexts(s: TransportSettings) -> tuple[ssl.SSLContext, ssl.SSLContext]:
-    """(server, client) contexts: TLS 1.3 only, certificate required on both sides, no host name check."""
-    out = []
-    for proto in (ssl.PROTOCOL_TLS_SERVER, ssl.PROTOCOL_TLS_CLIENT):
-        ctx = ssl.SSLContext(proto)
-        ctx.minimum_version = ssl.TLSVersion.TLSv1_3
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_REQUIRED
-        ctx.load_cert_chain(s.cert_file, s.key_file)
-        ctx.load_verify_locations(cafile=s.ca_file)
-        if proto == ssl.PROTOCOL_TLS_SERVER:
-            ctx.num_tickets = 0  # no session resumption: every connection presents its certificate
-        out.append(ctx)
-    return out[0], out[1]
-
-
-def _mac(key: bytes, role: bytes, nonce_c: bytes, nonce_s: bytes, addr: str) -> bytes:
-    msg = b"|".join((AUTH_SALT, role, nonce_c, nonce_s, addr.encode("utf-8")))
-    return hmac.new(key, msg, hashlib.sha256).digest()
 
 
 class TlsTransport(Transport):
@@ -178,9 +147,7 @@ class TlsTransport(Transport):
         self._filter: InboundFilter = inbound_filter or AdmitAll()
         self._expected = expected_identity or (lambda _addr: None)
         self._clock = clock
-        self._server_ctx, self._client_ctx = make_contexts(settings)
-        self._cert_stamp = self._stamp()
-        self._next_cert_check = clock() + CERT_CHECK_S
+        self._certs = CertWatcher(settings.ca_file, settings.cert_file, settings.key_file, clock())
         self._nodes: dict[str, Node] = {}
         self._links: dict[Node, Link] = {}
         self._inbound: set[Link] = set()
@@ -316,9 +283,7 @@ class TlsTransport(Transport):
         if self._accept_paused_until is not None and now >= self._accept_paused_until and self._listener is not None:
             self._accept_paused_until = None
             self._subscribe_listener()
-        if now >= self._next_cert_check:
-            self._next_cert_check = now + CERT_CHECK_S
-            self._maybe_reload_certs()
+        self._certs.maybe_reload(now)
         for node in list(self._nodes.values()):
             if self._should_dial(node) and node not in self._links and \
                     now - self._last_dial.get(node, -1e9) >= self._s.retry_s:
@@ -368,7 +333,7 @@ class TlsTransport(Transport):
             if err not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK):
                 raw.close()
                 return
-            link = Link(self._poller, raw, self._client_ctx, self._s.limits, self, server_side=False, now_s=now,
+            link = Link(self._poller, raw, self._certs.client, self._s.limits, self, server_side=False, now_s=now,
                         peer_ip=ip, connecting=True)
         except OSError as exc:
             raw.close()
@@ -414,7 +379,7 @@ class TlsTransport(Transport):
             return
         try:
             self._tune(raw)
-            link = Link(self._poller, raw, self._server_ctx, self._s.limits, self, server_side=True, now_s=self._clock(),
+            link = Link(self._poller, raw, self._certs.server, self._s.limits, self, server_side=True, now_s=self._clock(),
                         peer_ip=ip, connecting=False)
         except (OSError, ssl.SSLError) as exc:
             raw.close()
@@ -598,27 +563,3 @@ class TlsTransport(Transport):
         self._last_log[counter] = now
         more = self._suppressed.pop(counter, 0)
         log.log(level, "raft transport [%s]: %s%s", counter, line, f" ({more} more since the last line)" if more else "")
-
-    # --- certificate rotation -----------------------------------------------------------------------
-
-    def _stamp(self) -> tuple[float, ...]:
-        out = []
-        for path in (self._s.ca_file, self._s.cert_file, self._s.key_file):
-            try:
-                out.append(os.stat(path).st_mtime)
-            except OSError:
-                out.append(-1.0)
-        return tuple(out)
-
-    def _maybe_reload_certs(self) -> None:
-        stamp = self._stamp()
-        if stamp == self._cert_stamp:
-            return
-        try:
-            self._server_ctx, self._client_ctx = make_contexts(self._s)
-        except (OSError, ssl.SSLError) as exc:
-            log.error("raft transport: the rotated certificate files do not load (%s); keeping the old ones", exc)
-            return
-        finally:
-            self._cert_stamp = stamp
-        log.warning("raft transport: certificate files changed; new connections use them")

@@ -23,7 +23,7 @@ from raft.fsm import ControlFsm, read_snapshot_file, write_snapshot_file
 from raft.lease import LeaseRecord
 from raft.node import DurableJournal, RaftNode, _wrap_journal, failure_error
 from raft.replicator import RaftReplicator
-from raft.transport import derive_auth_key
+from raft.peer_auth import derive_auth_key
 from tests.raft.cluster import PASSWORD, breaker_write, free_ports
 from tests.support.raft_pki import raft_tls
 from tests.support.waiting import wait_until

@@ -181,12 +181,16 @@ def test_trickling_senders_do_not_stall_the_tick_or_the_other_links(tmp_path: Pa
         authenticate(slow_auth, g.phantom["raft_address"], PASSWORD)
         slow_auth.sendall(struct.pack(">I", 16 * 1024 * 1024))  # a legal size, sent a few bytes at a time
         slow_tls = raw_connect(g.address, source_ip="127.0.0.2")
-        slow_tls.sendall(b"\x16\x03\x01\x02\x00")  # a TLS record header, then the ClientHello trickles
+        # a maximal TLS record whose ClientHello (type 1, legacy version 3.3) then trickles
+        slow_tls.sendall(b"\x16\x03\x01\x40\x00" + b"\x01\x00\x3f\xfc\x03\x03")
         latencies = []
         t_end = time.monotonic() + 4.0
+        next_trickle = 0.0
         while time.monotonic() < t_end:
-            slow_auth.sendall(b"\0" * 64)
-            slow_tls.sendall(b"\1")
+            if time.monotonic() >= next_trickle:  # 64 B and 1 B every 20 ms: both stay unfinished
+                next_trickle = time.monotonic() + 0.02
+                slow_auth.sendall(b"\0" * 64)
+                slow_tls.sendall(b"\1")
             latencies.append(g.commit())
         print(f"{len(latencies)} commits beside two trickling senders: max {max(latencies) * 1000:.1f} ms")
         assert len(latencies) >= 20 and max(latencies) < COMMIT_BOUND_S

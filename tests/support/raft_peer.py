@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 
 from raft import wire
-from raft.transport import AUTH_VERSION, NONCE_BYTES, _mac, derive_auth_key
+from raft.peer_auth import AUTH_VERSION, NONCE_BYTES, derive_auth_key
+from raft.peer_auth import mac as _mac
 
 
 def host_port(address: str) -> tuple[str, int]:
