@@ -97,6 +97,7 @@ class Link:
         self._wq_bytes = 0
         self._inflight: memoryview | None = None
         self.max_frame = AUTH_MAX_FRAME
+        self._frames_left = limits.read_budget_frames
         self._subscribed = 0
         if not connecting:
             self._wrap()
@@ -146,7 +147,12 @@ class Link:
     def service(self, now_s: float) -> None:
         """Serve data left over from an earlier turn (OpenSSL's buffer, whole frames in ours)."""
         if self.state in ("auth", "open"):
-            self._read(now_s)
+            self._frames_left = self.limits.read_budget_frames
+            if not self._parse(now_s):  # whole frames first (a new turn: a new frame budget)
+                if self.state != "closed":
+                    self._owner.request_wakeup(self)
+                return
+            self._read(now_s, new_turn=False)
 
     def close(self, reason: str, counter: str | None = None) -> None:
         if self.state == "closed":
@@ -250,8 +256,10 @@ class Link:
 
     # --- reading ------------------------------------------------------------------------------------
 
-    def _read(self, now_s: float) -> None:
+    def _read(self, now_s: float, new_turn: bool = True) -> None:
         lim = self.limits
+        if new_turn:
+            self._frames_left = lim.read_budget_frames
         got = 0
         sock = self._sock
         while sock is not None and got < lim.read_budget_bytes and self.state != "closed":
@@ -275,7 +283,7 @@ class Link:
                 self._frame_started = now_s
             self._rbuf += data
             if not self._parse(now_s):
-                return
+                break  # frame budget spent (or closed): the rest is served on the next turn
         if self.state == "closed":
             return
         if self._leftover(sock):
@@ -298,7 +306,7 @@ class Link:
     def _parse(self, now_s: float) -> bool:
         """Hand over complete frames (at most the frame budget); False once the budget is spent or
         the link closed. Compacts the buffer once per call."""
-        frames = 0
+        frames = 0  # delivered by this call
         buf = self._rbuf
         ok = True
         while self.state != "closed":
@@ -311,13 +319,14 @@ class Link:
                 return False
             if avail < HEADER_BYTES + n:
                 break
-            if frames >= self.limits.read_budget_frames:
+            if self._frames_left <= 0:
                 ok = False
                 break
             start = self._rpos + HEADER_BYTES
             payload = bytes(buf[start:start + n])
             self._rpos = start + n
             frames += 1
+            self._frames_left -= 1
             if n:
                 self._owner.on_frame(self, payload)
         if self.state == "closed":

@@ -200,6 +200,22 @@ def test_trickling_senders_do_not_stall_the_tick_or_the_other_links(tmp_path: Pa
 
 
 @pytest.mark.timeout(120)
+def test_a_flood_of_small_messages_is_served_a_budget_at_a_time(tmp_path: Path) -> None:
+    with group(tmp_path, raft_read_budget_frames=16) as g:
+        flood = tls_connect(g.address, g.pki.ca_cert, g.phantom_cert())
+        authenticate(flood, g.phantom["raft_address"], PASSWORD)
+        stale = wire.frame(wire.encode({"type": "response_vote", "term": 0}))  # valid, and ignored by pysyncobj
+        before = g.counters()["filtered_messages"]
+        flood.sendall(stale * 20_000)
+        latencies = [g.commit() for _ in range(30)]
+        print(f"30 commits during a 20 000-message flood: max {max(latencies) * 1000:.1f} ms")
+        assert max(latencies) < COMMIT_BOUND_S
+        assert dict(g.target.status().peers)[g.nodes[1].node_id] is True
+        assert g.counters()["filtered_messages"] == before and g.counters()["bad_messages"] == 0
+        flood.close()
+
+
+@pytest.mark.timeout(120)
 def test_a_frame_begun_and_not_finished_is_closed_after_the_half_frame_timeout(tmp_path: Path) -> None:
     with group(tmp_path, raft_half_frame_timeout_ms=800) as g:
         sock = tls_connect(g.address, g.pki.ca_cert, g.phantom_cert())
