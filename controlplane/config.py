@@ -71,7 +71,7 @@ from controlplane.specs import DeploymentBase, TenantSpec, deployment_of, tenant
 
 ENV_PREFIX = "CONTROLPLANE_"
 MIN_PASSWORD_LEN = 16
-PASSWORD_REQUIRED = "required: pysyncobj pickles its wire messages, so Raft traffic must be encrypted"
+PASSWORD_REQUIRED = "required: Raft members prove it to each other inside mutual TLS (a second layer besides raft_tls)"
 
 _HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
 

@@ -88,7 +88,7 @@ NO_PASSWORD = {k: v for k, v in GOOD.items() if k != "password"}
 # (case, changes to GOOD, field named in the message, words in the message)
 REJECTIONS: list[tuple[str, dict[str, Any], str, str]] = [
     ("password missing", {"password": None}, "password",
-     "required: pysyncobj pickles its wire messages, so Raft traffic must be encrypted"),
+     "required: Raft members prove it to each other inside mutual TLS (a second layer besides raft_tls)"),
     ("password short", {"password": "short"}, "password", "at least 16 characters"),
     ("password and file", {"password_file": "/nonexistent"}, "password", "not both"),
     ("bad node id", {"node_id": "Coord_A"}, "node_id", "not a valid id"),

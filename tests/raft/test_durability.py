@@ -91,7 +91,7 @@ def test_fsync_per_entry_only_in_entry_mode(tmp_path: Path, mode: str) -> None:
 
 def test_refuses_to_start_without_password(tmp_path: Path) -> None:
     cfg = single_node_cfg(tmp_path).model_copy(update={"password": None})
-    with pytest.raises(ConfigError, match="password: required: pysyncobj pickles its wire messages"):
+    with pytest.raises(ConfigError, match="password: required: Raft members prove it to each other inside mutual TLS"):
         RaftNode(cfg)
 
 
