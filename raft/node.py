@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -363,6 +364,11 @@ class RaftNode:
         others = [p.raft_address for p in self.cfg.peers]
         last_exc: Exception | None = None
         for _ in range(BIND_ATTEMPTS):
+            busy = _bind_problem(self.cfg.raft_address)
+            if busy is not None:  # probe first: a SyncObj that fails to bind leaks its journal and pipes
+                last_exc = busy
+                time.sleep(BIND_RETRY_S)
+                continue
             try:
                 self._obj = SyncObj(
                     self.cfg.raft_address, others, conf=self._conf(), consumers=[self.fsm], nodeClass=self._node_class,
@@ -371,6 +377,9 @@ class RaftNode:
                 break
             except SyncObjException as exc:  # BindError: the port is busy (or in TIME_WAIT elsewhere)
                 last_exc = exc
+                if self._transport is not None:  # SyncObj does not destroy a transport it gave up on
+                    self._transport.destroy()
+                    self._transport = None
                 time.sleep(BIND_RETRY_S)
         if self._obj is None:
             raise Unavailable(f"raft: cannot bind {self.cfg.raft_address}: {last_exc}") from last_exc
@@ -641,6 +650,23 @@ class RaftNode:
         """Ask pysyncobj to snapshot and truncate the log at its next tick."""
         if self._obj is not None:
             self._obj.forceLogCompaction()
+
+
+def _bind_problem(address: str) -> OSError | None:
+    """Why ``address`` cannot be bound right now (None: it can; the probe socket is closed again)."""
+    host, _, port = address.rpartition(":")
+    try:
+        infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    except OSError as exc:
+        return exc
+    family, _, _, _, sockaddr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the transport binds
+        try:
+            probe.bind(sockaddr)
+        except OSError as exc:
+            return exc
+    return None
 
 
 def dial_override_node_class(overrides: dict[str, str]) -> Callable[[str], TCPNode]:

@@ -128,10 +128,10 @@ class TransportStats:
 
 
 class TlsTransport(Transport):
-    """pysyncobj ``Transport`` (pass a factory as ``SyncObj(transportClass=...)``: see
-    :meth:`factory`). ``expected_identity(raft_address)`` returns the node id a member's certificate
-    must name, or None when unknown (a member added at run time on a node that did not propose it):
-    then any coordinator certificate may claim that current member's address."""
+    """pysyncobj ``Transport``, given to ``SyncObj(transportClass=...)`` through a factory that binds
+    the keyword arguments (``RaftNode._build_transport``). ``expected_identity(raft_address)`` returns
+    the node id a member's certificate must name, or None when unknown (a member added at run time on
+    a node that did not propose it): then any coordinator certificate may claim that member's address."""
 
     def __init__(self, syncObj: Any, selfNode: Node | None, otherNodes: Any, *, settings: TransportSettings,  # noqa: N803
                  inbound_filter: InboundFilter | None = None,
@@ -171,12 +171,6 @@ class TlsTransport(Transport):
         syncObj.addOnTickCallback(self._on_tick)
         for node in otherNodes:
             self.addNode(node)
-
-    @classmethod
-    def factory(cls, settings: TransportSettings, **kwargs: Any) -> Callable[..., TlsTransport]:
-        def build(syncObj: Any, selfNode: Any, otherNodes: Any) -> TlsTransport:  # noqa: N803
-            return cls(syncObj, selfNode, otherNodes, settings=settings, **kwargs)
-        return build
 
     # --- pysyncobj Transport API --------------------------------------------------------------------
 

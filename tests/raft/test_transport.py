@@ -367,3 +367,22 @@ def test_after_emfile_on_accept_the_member_accepts_again_and_the_group_regains_q
         assert "raft/transport.py" not in a.log_tail(200_000) and "raft/link.py" not in a.log_tail(200_000)
     finally:
         stop_all(procs)
+
+
+@pytest.mark.timeout(60)
+def test_a_busy_raft_port_fails_the_start_without_leaking_descriptors(tmp_path: Path) -> None:
+    import os
+    import socket
+
+    from controlplane.domain.errors import Unavailable
+
+    [raw] = cluster_configs(tmp_path, 1)
+    host, _, port = raw["raft_address"].rpartition(":")
+    with socket.socket() as squatter:
+        squatter.bind((host, int(port)))
+        squatter.listen(1)
+        node = RaftNode(CoordinatorConfig.model_validate(raw))
+        fds = len(os.listdir("/proc/self/fd"))
+        with pytest.raises(Unavailable, match="cannot bind"):
+            node.start()
+        assert len(os.listdir("/proc/self/fd")) <= fds  # each failed attempt's transport was destroyed
