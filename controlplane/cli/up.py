@@ -7,6 +7,9 @@ Everything lives under ``--dir`` (default: a fresh temporary folder), secured as
 
 * ``pki/``: a development CA and a server certificate for 127.0.0.1/localhost
   (:func:`controlplane.tls.make_dev_pki`); the coordinators' API is TLS only (``api_tls``);
+* ``pki/raft/``: a Raft CA and one member certificate per coordinator (URI SAN
+  ``controlplane://coordinator/<node_id>``, :func:`controlplane.tls.make_raft_pki`): the Raft links
+  are mutual TLS (``raft_tls``), with the random Raft password checked inside them;
 * ``admin.token``: an admin bearer token (``cp_<id>_<secret>``) that the lease holder registers
   (``admin_token_file``); ``adapter.token``: the token the adapters demand and the coordinators
   send (``auth_token_file`` / ``adapter_token_file``);
