@@ -72,7 +72,7 @@ from controlplane.specs import DeploymentBase, TenantSpec, deployment_of, tenant
 
 ENV_PREFIX = "CONTROLPLANE_"
 MIN_PASSWORD_LEN = 16
-PASSWORD_REQUIRED = "required: pysyncobj pickles its wire messages, so Raft traffic must be encrypted"
+PASSWORD_REQUIRED = "required: Raft members prove it to each other inside mutual TLS (a second layer besides raft_tls)"
 
 _HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
 
@@ -257,6 +257,81 @@ class ApiTlsConfig(BaseModel):
         return value
 
 
+# --- Raft transport: mutual TLS and bounds (raft/transport.py, docs/security.md "Raft transport") -----
+
+RAFT_TLS_REQUIRED = (
+    "required: Raft members authenticate each other with mutual TLS; give ca_file, cert_file and key_file "
+    "(a member certificate with the URI SAN controlplane://coordinator/<node_id>)"
+)
+MAX_ENTRY_BYTES = 16 * 1024 * 1024
+"""The largest legal log entry: ``raft.codec.MAX_PAYLOAD_BYTES`` (a test keeps the two equal)."""
+RAFT_FRAME_OVERHEAD = 1024 * 1024
+"""Room above one maximal entry for what wraps it in the largest message (a follower forwarding
+it in ``apply_command``: pysyncobj's pickle of the call, a few hundred bytes, plus the wire tags) and
+above pysyncobj's 64 KiB append_entries batches, large-entry chunks and snapshot chunks."""
+DEFAULT_RAFT_MAX_FRAME = MAX_ENTRY_BYTES + RAFT_FRAME_OVERHEAD
+
+
+class RaftTlsConfig(BaseModel):
+    """This member's Raft TLS material (PEM files)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ca_file: Path
+    """CA that signs every member's Raft certificate (peers are verified against it, both ways)."""
+    cert_file: Path
+    """This member's certificate: URI SAN ``controlplane://coordinator/<node_id>``, serverAuth+clientAuth."""
+    key_file: Path
+    """Its private key."""
+
+    @field_validator("cert_file", "key_file", "ca_file")
+    @classmethod
+    def _readable(cls, value: Path) -> Path:
+        problem = file_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+    @model_validator(mode="after")
+    def _loads(self) -> RaftTlsConfig:
+        problem = raft_tls_problem(self)
+        if problem is not None:
+            raise ValueError(problem)
+        return self
+
+
+def raft_tls_problem(tls: RaftTlsConfig) -> str | None:
+    """Whether the files load as a TLS identity: the key matches the certificate, the CA parses."""
+    import ssl
+
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    try:
+        ctx.load_cert_chain(str(tls.cert_file), str(tls.key_file))
+    except (ssl.SSLError, OSError) as exc:
+        why = "the key does not match the certificate" if "KEY_VALUES_MISMATCH" in str(exc) else str(exc)
+        return f"key_file: cannot use {str(tls.cert_file)!r} with {str(tls.key_file)!r}: {why}"
+    try:
+        ctx.load_verify_locations(cafile=str(tls.ca_file))
+    except (ssl.SSLError, OSError) as exc:
+        return f"ca_file: {str(tls.ca_file)!r} is not a PEM CA certificate: {exc}"
+    return None
+
+
+def raft_cert_node_ids(path: Path) -> list[str]:
+    """The node ids named by ``controlplane://coordinator/<id>`` URI SANs of the certificate in ``path``."""
+    from cryptography import x509
+
+    from controlplane.tls import COORDINATOR_URI_PREFIX
+
+    try:
+        cert = x509.load_pem_x509_certificate(path.read_bytes())
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except (ValueError, OSError, x509.ExtensionNotFound):
+        return []
+    return [u[len(COORDINATOR_URI_PREFIX):] for u in sans.get_values_for_type(x509.UniformResourceIdentifier)
+            if u.startswith(COORDINATOR_URI_PREFIX)]
+
+
 class CoordinatorConfig(BaseModel):
     """Everything one coordinator process needs. Times are integer milliseconds."""
 
@@ -355,6 +430,34 @@ class CoordinatorConfig(BaseModel):
     api_max_tokens_per_tenant: int = Field(50, ge=1, le=1_000_000)
     """API tokens scoped to one tenant (enforced in the replicated apply)."""
 
+    # --- Raft transport (raft/transport.py; the table in docs/security.md "Raft transport") ----------
+    raft_tls: RaftTlsConfig | None = None
+    """Mandatory: this member's Raft CA, certificate and key (mutual TLS between members)."""
+    raft_max_frame_bytes: int = Field(DEFAULT_RAFT_MAX_FRAME, ge=MAX_ENTRY_BYTES + 64 * 1024, le=1 << 30)
+    """Largest frame a peer may announce; a longer one closes that connection at its header."""
+    raft_read_budget_bytes: int = Field(256 * 1024, ge=4096)
+    """Bytes read from one connection per loop turn (the rest waits for the next turn)."""
+    raft_read_budget_frames: int = Field(64, ge=1)
+    """Messages handed to pysyncobj from one connection per loop turn."""
+    raft_handshake_timeout_ms: int = Field(3000, gt=0)
+    """Connect + TLS handshake + password check must finish within this."""
+    raft_half_frame_timeout_ms: int = Field(10_000, gt=0)
+    """A frame begun must be complete within this (a maximal frame at 2 MB/s takes ~9 s)."""
+    raft_idle_timeout_ms: int = Field(10_000, gt=0)
+    """An open connection that receives nothing (not even a keep-alive) for this long is closed."""
+    raft_keepalive_ms: int = Field(1000, gt=0)
+    """A keep-alive (an empty frame) is sent on a connection that sent nothing for this long."""
+    raft_max_send_queue_bytes: int = Field(64 * 1024 * 1024, ge=1 << 20)
+    """Bytes queued for one peer that does not read; beyond, the connection is dropped."""
+    raft_max_connections: int = Field(64, ge=2)
+    """Accepted Raft connections (pending and open) in total; more are accepted and closed at once."""
+    raft_max_connections_per_ip: int = Field(16, ge=1)
+    """Accepted Raft connections (pending and open) from one peer address."""
+    raft_accept_backoff_ms: int = Field(50, gt=0)
+    """First pause of the listener after accept() fails for lack of descriptors (EMFILE/ENFILE)."""
+    raft_accept_backoff_max_ms: int = Field(1000, gt=0)
+    """The pause doubles per failure up to this."""
+
     _id = field_validator("node_id", "zone")(check_id)
     _addr = field_validator("raft_address", "api_address")(check_address)
 
@@ -403,6 +506,7 @@ class CoordinatorConfig(BaseModel):
     @model_validator(mode="after")
     def _cross_field(self) -> CoordinatorConfig:
         self._resolve_password()
+        self._check_raft_tls()
         for field, problem in cross_field_problems(self):
             raise ValueError(f"{field}: {problem}")
         return self
@@ -423,6 +527,23 @@ class CoordinatorConfig(BaseModel):
             object.__setattr__(self, "password", SecretStr(text))
         if self.password is None:
             raise ValueError(f"password: {PASSWORD_REQUIRED}")
+
+    def _check_raft_tls(self) -> None:
+        if self.raft_tls is None:
+            raise ValueError(f"raft_tls: {RAFT_TLS_REQUIRED}")
+        ids = raft_cert_node_ids(self.raft_tls.cert_file)
+        if ids != [self.node_id]:
+            named = "no coordinator identity" if not ids else f"coordinator identity {', '.join(map(repr, ids))}"
+            raise ValueError(
+                f"raft_tls.cert_file: {str(self.raft_tls.cert_file)!r} names {named}, but this member is "
+                f"node_id {self.node_id!r} (its URI SAN must be controlplane://coordinator/{self.node_id})"
+            )
+        if self.raft_keepalive_ms * 3 > self.raft_idle_timeout_ms:
+            raise ValueError(f"raft_keepalive_ms: 3*{self.raft_keepalive_ms} exceeds raft_idle_timeout_ms = "
+                             f"{self.raft_idle_timeout_ms}: a quiet but live link would be closed")
+        if self.raft_accept_backoff_max_ms < self.raft_accept_backoff_ms:
+            raise ValueError(f"raft_accept_backoff_max_ms: {self.raft_accept_backoff_max_ms} is below "
+                             f"raft_accept_backoff_ms = {self.raft_accept_backoff_ms}")
 
     # --- convenience views ----------------------------------------------------------------------
 
@@ -585,7 +706,8 @@ def _uniqueness_problems(cfg: CoordinatorConfig) -> list[tuple[str, str]]:
 # --- loading ----------------------------------------------------------------------------------------
 
 
-_JSON_FIELDS = {"peers": "a JSON list", "api_tls": "a JSON object", "adapter_tls": "a JSON object"}
+_JSON_FIELDS = {"peers": "a JSON list", "api_tls": "a JSON object", "adapter_tls": "a JSON object",
+                "raft_tls": "a JSON object"}
 _FILE_FIELDS = ("password_file", "admin_token_file", "adapter_token_file", "fence_key_file")
 _TLS_FILE_FIELDS = ("cert_file", "key_file", "client_ca_file", "ca_file")
 
@@ -621,7 +743,7 @@ def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = No
     for name in _FILE_FIELDS:
         if name in data:
             data[name] = _relative_to(p, data[name])
-    for section in ("api_tls", "adapter_tls"):
+    for section in ("api_tls", "adapter_tls", "raft_tls"):
         tls = data.get(section)
         if isinstance(tls, dict):
             data[section] = {k: (_relative_to(p, v) if k in _TLS_FILE_FIELDS else v) for k, v in tls.items()}

@@ -262,6 +262,7 @@ class Coordinator:
             peers=tuple((p.node_id, p.reachable) for p in st.peers), lease_holder=st.lease_remaining_ms > 0,
             lease_epoch=st.lease_epoch, lease_remaining_ms=st.lease_remaining_ms, state=state, ttft_p99_ms=ttft,
             fenced_clusters=frozenset(map(str, self.loop.fenced_out)), stale_answers=dict(self.loop.stale_answers),
+            raft_transport=_transport_counters(self.node),
         )
 
     def status(self) -> NodeStatus:
@@ -335,3 +336,8 @@ def topology_of(cfg: CoordinatorConfig) -> Topology:
         tuple(tenant_of(t) for t in cfg.tenants),
         tuple(deployment_of(d, f"deployments[{i}]") for i, d in enumerate(cfg.deployments)),
     )
+
+
+def _transport_counters(node: RaftNode) -> dict[str, int]:
+    stats = node.transport_stats()
+    return {} if stats is None else stats.counters

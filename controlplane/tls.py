@@ -145,31 +145,90 @@ def write_secret(path: Path, data: bytes | str) -> None:
     os.replace(tmp, path)
 
 
-# --- coordinator identities (adapter channels, Raft members) ----------------------------------------
+# --- coordinator identities (Raft members, adapter channels) -----------------------------------------
 
 COORDINATOR_URI_PREFIX = "controlplane://coordinator/"
-"""A coordinator certificate names its node id as the URI SAN ``controlplane://coordinator/<node_id>``;
-adapters accept commands only from such certificates (``adapters/identity.py``)."""
+"""A coordinator certificate names its node id as the URI SAN ``controlplane://coordinator/<node_id>``:
+Raft members accept only such peers (``raft/peer_auth.py``) and adapters accept commands only from
+them (``adapters/identity.py``). See docs/security.md."""
 
 
-def issue_coordinator_cert(pki: DevPki, node_id: str, *, hosts: Sequence[str] = DEFAULT_HOSTS,
-                           valid_days: int = VALID_DAYS, now: dt.datetime | None = None) -> tuple[Path, Path]:
-    """Sign a certificate for coordinator ``node_id`` with the dev CA of ``pki`` and write it as
-    ``coordinator-<node_id>.pem`` / ``coordinator-<node_id>-key.pem`` (0600) next to the CA. SANs: the
-    URI ``controlplane://coordinator/<node_id>`` and ``hosts``; usage: client and server auth (the
-    same certificate serves a member's Raft listener and its calls to the adapters). Returns
-    (certificate, key)."""
+def coordinator_uri(node_id: str) -> str:
+    return COORDINATOR_URI_PREFIX + node_id
+
+
+@dataclass(frozen=True, slots=True)
+class RaftPki:
+    """A CA for the Raft transport (``raft-ca.pem``/``raft-ca-key.pem``) and member certificates
+    ``coordinator-<node_id>.pem``/``coordinator-<node_id>-key.pem`` beside it."""
+
+    dir: Path
+    ca_cert: Path
+    ca_key: Path
+
+    def cert(self, node_id: str) -> Path:
+        return self.dir / f"coordinator-{node_id}.pem"
+
+    def key(self, node_id: str) -> Path:
+        return self.dir / f"coordinator-{node_id}-key.pem"
+
+    def tls_fields(self, node_id: str) -> dict[str, str]:
+        """The ``raft_tls`` block of that member's configuration."""
+        return {"ca_file": str(self.ca_cert), "cert_file": str(self.cert(node_id)), "key_file": str(self.key(node_id))}
+
+
+def make_raft_pki(directory: str | os.PathLike[str], node_ids: Sequence[str], *, valid_days: int = VALID_DAYS,
+                  now: dt.datetime | None = None) -> RaftPki:
+    """Write a Raft CA into ``directory`` (reused when both its files exist) and a certificate for
+    each of ``node_ids`` (replaced if present)."""
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    pki = RaftPki(root, root / "raft-ca.pem", root / "raft-ca-key.pem")
+    if not (pki.ca_cert.is_file() and pki.ca_key.is_file()):
+        start = (now or dt.datetime.now(dt.UTC)) - CLOCK_SKEW
+        key = ec.generate_private_key(ec.SECP256R1())
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "controlplane dev Raft CA")])
+        ca = (
+            x509.CertificateBuilder()
+            .subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(start)
+            .not_valid_after(start + CLOCK_SKEW + dt.timedelta(days=valid_days))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                         content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                         key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+            .sign(key, hashes.SHA256())
+        )
+        _write_key(pki.ca_key, key)
+        _write_cert(pki.ca_cert, ca)
+    for node_id in node_ids:
+        issue_coordinator_cert(pki, node_id, valid_days=valid_days, now=now)
+    return pki
+
+
+def issue_coordinator_cert(pki: RaftPki | DevPki, node_id: str, *, hosts: Sequence[str] = DEFAULT_HOSTS,
+                           valid_days: int = VALID_DAYS, now: dt.datetime | None = None,
+                           uri: str | None = None) -> tuple[Path, Path]:
+    """Sign a coordinator certificate (URI SAN :func:`coordinator_uri`, plus ``hosts`` as DNS/IP SANs;
+    serverAuth and clientAuth: a member is both on its Raft links, a client towards the adapters)
+    with the CA of ``pki`` (the Raft CA, or the dev PKI's CA for adapter channels) and write it as
+    ``coordinator-<node_id>.pem`` / ``coordinator-<node_id>-key.pem`` (0600) next to the CA; returns
+    (cert, key) paths. ``uri`` replaces the identity URI (tests use it for a non-coordinator cert)."""
     if not node_id or "/" in node_id or any(ch.isspace() for ch in node_id):
         raise ValueError(f"node_id: must be a non-empty id without '/' or spaces, got {node_id!r}")
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
     ca_cert = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
-    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
-    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    ca_key = load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise ValueError(f"{pki.ca_key}: expected an EC private key")
     start = (now or dt.datetime.now(dt.UTC)) - CLOCK_SKEW
     end = start + CLOCK_SKEW + dt.timedelta(days=valid_days)
     key = ec.generate_private_key(ec.SECP256R1())
-    sans = [x509.UniformResourceIdentifier(COORDINATOR_URI_PREFIX + node_id), *_sans(hosts)]
-    cert = _leaf(ca_cert, ca_key, key, f"coordinator {node_id}", sans,
-                 (ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH), start, end)
+    sans: list[x509.GeneralName] = [x509.UniformResourceIdentifier(uri or coordinator_uri(node_id)), *_sans(hosts)]
+    cert = _leaf(ca_cert, ca_key, key, node_id, sans,
+                 (ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH), start, end)
     cert_path, key_path = pki.dir / f"coordinator-{node_id}.pem", pki.dir / f"coordinator-{node_id}-key.pem"
     _write_key(key_path, key)
     _write_cert(cert_path, cert)

@@ -3,8 +3,10 @@ durability, and a thread-safe view of its status and lease.
 
 Decisions (details and measurements in ``docs/lease.md``):
 
-* **Password mandatory.** pysyncobj pickles its wire messages; without encryption anyone who reaches
-  the port executes code. :class:`RaftNode` refuses to start without one (``ConfigError``).
+* **Transport: our own** (:class:`raft.transport.TlsTransport`, docs/security.md "Raft transport"):
+  mutual TLS 1.3 between members (``raft_tls``, mandatory), the password as a second layer (an HMAC
+  challenge inside TLS, mandatory), strict pickle-free messages and a bound on every frame, buffer,
+  timeout and connection count. pysyncobj's ``TCPTransport`` (and its Fernet layer) is not used.
 * **Journal + snapshot in ``data_dir``** (``raft.journal``, ``raft.journal.meta``, ``raft.snapshot``):
   an in-memory journal would make a restarted voter forget its term and vote (PYSYNCOBJ.md §1.5).
 * **Transport**: ``connectionTimeout`` effectively infinite and ``connectionRetryTime`` from the config
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -43,7 +46,13 @@ from pysyncobj import FAIL_REASON, HAS_CRYPTO, SyncObj, SyncObjConf, SyncObjExce
 from pysyncobj.node import TCPNode
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
-from controlplane.config import PASSWORD_REQUIRED, ConfigError, CoordinatorConfig, address_problem
+from controlplane.config import (
+    PASSWORD_REQUIRED,
+    RAFT_TLS_REQUIRED,
+    ConfigError,
+    CoordinatorConfig,
+    address_problem,
+)
 from controlplane.domain.errors import (
     CommitTimeout,
     Conflict,
@@ -60,6 +69,7 @@ from raft import codec
 from raft.fsm import ControlFsm, read_snapshot_file, write_snapshot_file
 from raft.journal import Disk, JournalError, JournalWriteFailed, RaftJournal
 from raft.lease import LeaseCommand, LeaseOutcome, LeaseRecord
+from raft.transport import InboundFilter, TlsTransport, TransportSettings, TransportStats
 
 log = logging.getLogger(__name__)
 
@@ -213,9 +223,15 @@ class RaftNode:
         node_class: Callable[[str], TCPNode] | None = None,
         clock_ms: Callable[[], int] | None = None,
         disk: Disk | None = None,
+        inbound_filter: InboundFilter | None = None,
     ) -> None:
         if cfg.password is None or not cfg.password.get_secret_value():
             raise ConfigError(f"password: {PASSWORD_REQUIRED}", field="password")
+        if cfg.raft_tls is None:
+            raise ConfigError(f"raft_tls: {RAFT_TLS_REQUIRED}", field="raft_tls")
+        self._transport_settings = TransportSettings.from_config(cfg)
+        self._inbound_filter = inbound_filter
+        self._transport: TlsTransport | None = None
         if not HAS_CRYPTO:
             raise ConfigError(
                 "password: Raft encryption needs the 'cryptography' package, which is not installed", field="password"
@@ -254,9 +270,15 @@ class RaftNode:
         self._journal = journal
         last_exc: Exception | None = None
         for _ in range(BIND_ATTEMPTS):
+            busy = _bind_problem(self.cfg.raft_address)
+            if busy is not None:  # probe first: a SyncObj that fails to bind leaks its journal and pipes
+                last_exc = busy
+                time.sleep(BIND_RETRY_S)
+                continue
             try:
                 self._obj = construct_with_journal(journal, lambda: SyncObj(
-                    self.cfg.raft_address, others, conf=self._conf(), consumers=[self.fsm], nodeClass=self._node_class
+                    self.cfg.raft_address, others, conf=self._conf(), consumers=[self.fsm], nodeClass=self._node_class,
+                    transportClass=self._build_transport,
                 ))
                 break
             except JournalError:  # the NO_OP of a fresh log could not be written: already reported
@@ -264,6 +286,9 @@ class RaftNode:
                 return
             except SyncObjException as exc:  # BindError: the port is busy (or in TIME_WAIT elsewhere)
                 last_exc = exc
+                if self._transport is not None:  # SyncObj does not destroy a transport it gave up on
+                    self._transport.destroy()
+                    self._transport = None
                 time.sleep(BIND_RETRY_S)
         if self._obj is None:
             journal._destroy()
@@ -336,12 +361,31 @@ class RaftNode:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    def _build_transport(self, obj: SyncObj, self_node: TCPNode, other_nodes: Any) -> TlsTransport:
+        """pysyncobj's ``transportClass``: our transport, bound to this node's settings and members."""
+        self._transport = TlsTransport(
+            obj, self_node, other_nodes, settings=self._transport_settings, inbound_filter=self._inbound_filter,
+            expected_identity=self._expected_identity,
+        )
+        return self._transport
+
+    def _expected_identity(self, raft_address: str) -> str | None:
+        """The node id a member's certificate must name (None: a member added at run time whose id
+        this node was not told)."""
+        with self._members_lock:
+            m = self._members.get(raft_address)
+        return None if m is None or m.node_id == raft_address else m.node_id
+
+    def transport_stats(self) -> TransportStats | None:
+        """The Raft transport's counters (None before start)."""
+        t = self._transport
+        return None if t is None else t.statistics()
+
     def _conf(self) -> SyncObjConf:
         c = self.cfg
-        if c.password is None:
-            raise ConfigError(f"password: {PASSWORD_REQUIRED}", field="password")
+        # No ``password`` here: the password is checked by our transport (an HMAC challenge inside
+        # TLS); pysyncobj's Fernet layer belongs to the TCPTransport we replace.
         return SyncObjConf(
-            password=c.password.get_secret_value(),
             bindAddress=c.raft_address,  # without it pysyncobj binds 0.0.0.0
             journalFile=str(self._journal_path),
             fullDumpFile=str(self._snapshot_path),
@@ -576,6 +620,23 @@ class RaftNode:
         """Ask pysyncobj to snapshot and truncate the log at its next tick."""
         if self._obj is not None:
             self._obj.forceLogCompaction()
+
+
+def _bind_problem(address: str) -> OSError | None:
+    """Why ``address`` cannot be bound right now (None: it can; the probe socket is closed again)."""
+    host, _, port = address.rpartition(":")
+    try:
+        infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    except OSError as exc:
+        return exc
+    family, _, _, _, sockaddr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the transport binds
+        try:
+            probe.bind(sockaddr)
+        except OSError as exc:
+            return exc
+    return None
 
 
 def dial_override_node_class(overrides: dict[str, str]) -> Callable[[str], TCPNode]:

@@ -980,7 +980,7 @@ def run_bench(trials: int, commits: int, out_dir: Path, *, show_progress: bool =
     result["config"] = {
         "coordinator": {k: v for k, v in cfg.model_dump(mode="json").items()
                         if k not in ("password", "password_file", "data_dir", "peers", "node_id", "zone",
-                                     "raft_address", "api_address", "clusters")},
+                                     "raft_address", "api_address", "clusters", "raft_tls")},
         "bare": {k: v for k, v in bare_settings(cfg).items() if k not in ("bindAddress", "journalFile", "fullDumpFile")}
         | {"password": "set", "journalFile": "data_dir/bare.journal", "fullDumpFile": "data_dir/bare.dump",
            "autoTick": True, "fsync": "none (pysyncobj never fsyncs)", "commandsWaitLeader": True},

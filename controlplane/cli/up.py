@@ -7,6 +7,9 @@ Everything lives under ``--dir`` (default: a fresh temporary folder), secured as
 
 * ``pki/``: a development CA and a server certificate for 127.0.0.1/localhost
   (:func:`controlplane.tls.make_dev_pki`); the coordinators' API is TLS only (``api_tls``);
+* ``pki/raft/``: a Raft CA and one member certificate per coordinator (URI SAN
+  ``controlplane://coordinator/<node_id>``, :func:`controlplane.tls.make_raft_pki`): the Raft links
+  are mutual TLS (``raft_tls``), with the random Raft password checked inside them;
 * ``admin.token``: an admin bearer token (``cp_<id>_<secret>``) that the lease holder registers
   (``admin_token_file``); ``adapter.token``: the token the adapters demand and the coordinators
   send (``auth_token_file`` / ``adapter_token_file``);
@@ -184,6 +187,8 @@ def plan_group(n: int, root: Path, gpus_per_cluster: int = 8, *,
     adapter token; without it (the process tests) the API is plaintext on loopback."""
     if not 1 <= n <= MAX_NODES:
         raise ValueError(f"--nodes: must be between 1 and {MAX_NODES}, got {n}")
+    from controlplane.tls import make_raft_pki
+
     ports = free_ports(3 * n)
     password = secrets.token_urlsafe(24)
     nodes = [
@@ -196,10 +201,12 @@ def plan_group(n: int, root: Path, gpus_per_cluster: int = 8, *,
          "adapter_address": f"127.0.0.1:{ports[2 * n + i]}"}
         for i in range(n)
     ]
+    raft_pki = make_raft_pki(root / "pki" / "raft", [node.node_id for node in nodes])
     for node in nodes:
         cfg = {
             "node_id": node.node_id, "zone": node.zone, "raft_address": node.raft_address,
             "api_address": node.api_address, "data_dir": str(root / node.node_id), "password": password,
+            "raft_tls": raft_pki.tls_fields(node.node_id),
             "peers": [{"node_id": o.node_id, "zone": o.zone, "raft_address": o.raft_address, "api_address": o.api_address}
                       for o in nodes if o is not node],
             "clusters": adapters,

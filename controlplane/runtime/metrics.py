@@ -24,6 +24,7 @@ replicated part, so a scrape of any member shows the fleet) plus what only this 
 ``controlplane_tick_duration_seconds`` (histogram)          one control-loop tick, I/O included
 ``controlplane_ticks_total{outcome}``                       ``ok`` / ``skipped`` (not leader, timeout) / ``failed``
 ``controlplane_instance_transitions_total{...}``            (:mod:`controlplane.runtime.transitions`)
+``controlplane_raft_transport_events_total{event}``         Raft transport refusals/timeouts/caps/EMFILE back-offs
 ==========================================================  =======================================================
 
 :func:`families` is a pure function of a :class:`MetricsView` (tested without processes);
@@ -67,6 +68,8 @@ class MetricsView:
     """Clusters whose adapter holds a higher epoch than this holder's (the loop sends them nothing)."""
     stale_answers: Mapping[str, int] = field(default_factory=dict)
     """Cluster -> stale-epoch answers its adapter gave this process."""
+    raft_transport: Mapping[str, int] = field(default_factory=dict)
+    """The Raft transport's counters (raft/transport.py ``COUNTERS``): refusals, timeouts, caps, EMFILE."""
 
 
 def _gauge(name: str, doc: str, value: float | None = None, labels: tuple[str, ...] = ()) -> GaugeMetricFamily:
@@ -75,7 +78,7 @@ def _gauge(name: str, doc: str, value: float | None = None, labels: tuple[str, .
     return GaugeMetricFamily(name, doc, value=value)
 
 
-def families(v: MetricsView) -> Iterator[GaugeMetricFamily]:
+def families(v: MetricsView) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
     """The metric families of one scrape."""
     info = _gauge("controlplane_info", "This coordinator (value 1).", labels=("node_id", "zone", "version"))
     info.add_metric([v.node_id, v.zone, __version__], 1)
@@ -129,7 +132,6 @@ def families(v: MetricsView) -> Iterator[GaugeMetricFamily]:
         trips.add_metric([key], rec.trips)
     yield open_
     yield trips
-
     stale = _gauge("controlplane_adapter_stale_epoch",
                    "1 while the cluster's adapter holds a higher epoch than this holder's (nothing is sent to it).",
                    labels=("cluster",))
@@ -141,6 +143,22 @@ def families(v: MetricsView) -> Iterator[GaugeMetricFamily]:
     for cid, n in sorted(v.stale_answers.items()):
         answers.add_metric([cid], n)
     yield answers
+    yield from raft_transport_families(v.raft_transport)
+
+
+# --- Raft transport (raft/transport.py; docs/security.md "Raft transport") ---------------------------
+
+
+def raft_transport_families(counters: Mapping[str, int]) -> Iterator[CounterMetricFamily]:
+    """``controlplane_raft_transport_events_total{event}``: rejected handshakes (``tls_rejected``,
+    ``identity_rejected``, ``password_rejected``), ``oversize_frames``, timeouts (``handshake_timeout``,
+    ``idle_timeout``, ``half_frame_timeout``), ``connection_cap`` refusals, ``emfile_backoffs``,
+    ``bad_messages``, ``send_queue`` drops, ``filtered_messages``, ``dial_errors``."""
+    fam = CounterMetricFamily("controlplane_raft_transport_events", "Raft transport refusals, timeouts and back-offs.",
+                              labels=["event"])
+    for event, n in sorted(counters.items()):
+        fam.add_metric([event], n)
+    yield fam
 
 
 class CoordinatorCollector(Collector):
@@ -149,7 +167,7 @@ class CoordinatorCollector(Collector):
     def __init__(self, view: Callable[[], MetricsView]) -> None:
         self._view = view
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         return families(self._view())
 
     def describe(self) -> list:

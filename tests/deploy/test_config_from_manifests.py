@@ -4,6 +4,8 @@ each pod gets, and the ports in it compared with containerPorts, Services and pr
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 from pathlib import Path
 
@@ -13,7 +15,7 @@ from adapters.config import load_adapter_config
 from controlplane.cli.tenantctl import config as tenantctl_config
 from controlplane.config import ConfigError, CoordinatorConfig, load_config
 from controlplane.fencing import make_fence_key
-from controlplane.tls import make_dev_pki
+from controlplane.tls import issue_coordinator_cert, make_dev_pki, make_raft_pki
 from controlplane.tokens import new_token
 from tests.deploy.manifests import (
     DEPLOY,
@@ -46,14 +48,11 @@ def remap(text: str, tmp: Path) -> str:
 
 def pod_env(container: Obj, pod_name: str, zone: str) -> dict[str, str]:
     """The CONTROLPLANE_* variables the kubelet would set (Downward API resolved for ``pod_name``,
-    ``$(NAME)`` references to earlier variables expanded as the kubelet does)."""
+    ``$(VAR)`` references to variables defined before expanded)."""
     env: dict[str, str] = {}
     for e in container.get("env", []):
         if "value" in e:
-            value = e["value"]
-            for name, earlier in env.items():
-                value = value.replace(f"$({name})", earlier)
-            env[e["name"]] = value
+            env[e["name"]] = re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m[1], m[0]), e["value"])
             continue
         path = e["valueFrom"]["fieldRef"]["fieldPath"]
         env[e["name"]] = {"metadata.name": pod_name, "metadata.labels['topology.kubernetes.io/zone']": zone}[path]
@@ -100,6 +99,23 @@ def write_member_cert(env: dict[str, str], tmp: Path, pod: str) -> dict[str, str
     return {**env, "CONTROLPLANE_ADAPTER_TLS": json.dumps(tls)}
 
 
+def raft_tls_env(env: dict[str, str], spec: Obj, container: Obj, objs: list[Obj], tmp: Path) -> dict[str, str]:
+    """Check that the pod's CONTROLPLANE_RAFT_TLS names mounted Secret keys, write a usable Raft CA and
+    member certificate there (for the pod named in the env), and return the env remapped under ``tmp``."""
+    tls = json.loads(env["CONTROLPLANE_RAFT_TLS"])
+    assert set(tls) == {"ca_file", "cert_file", "key_file"}
+    for path in tls.values():
+        assert mounted_file(spec, container, path, objs) is not None, f"{path}: not a mounted Secret key"
+    pki = make_raft_pki(tmp / "raft-pki", [])
+    node_id = env["CONTROLPLANE_NODE_ID"]
+    cert, key = issue_coordinator_cert(pki, node_id)
+    for field, source in (("ca_file", pki.ca_cert), ("cert_file", cert), ("key_file", key)):
+        target = Path(remap(tls[field], tmp))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(source.read_bytes())
+    return {**env, "CONTROLPLANE_RAFT_TLS": remap(env["CONTROLPLANE_RAFT_TLS"], tmp)}
+
+
 def coordinator_parts(folder: str) -> tuple[list[Obj], Obj, Obj, str]:
     objs = list(render(folder))
     sts = one(objs, "StatefulSet", "coordinator")
@@ -134,9 +150,11 @@ def test_every_member_loads_its_configuration_with_the_real_loader(folder: str, 
             assert mounted_file(spec, container, file, objs) is not None, f"{pod}: {file}: not a mounted Secret key"
         assert f"/{pod}.crt" in env["CONTROLPLANE_ADAPTER_TLS"]
         env = write_member_cert(env, tmp_path, pod)
+        env = raft_tls_env(env, spec, container, objs, tmp_path)
         cfg = load_config(path, env=env)
         assert cfg.adapter_tls is not None and cfg.adapter_tls.cert_file.name == f"{pod}.crt"
         assert cfg.fence_key_file is not None
+        assert cfg.raft_tls is not None and cfg.raft_tls.cert_file.name == f"{pod}.crt"  # its own certificate
         assert cfg.node_id == pod and cfg.zone == f"real-zone-{i}"
         assert [p.node_id for p in cfg.peers] == [p["node_id"] for p in peers if p["node_id"] != pod]
         assert cfg.raft_address == f"{pod}.{service}.{ns}.svc.cluster.local:{container_port(container, 'raft')}"
@@ -225,7 +243,15 @@ def test_the_shipped_placeholder_secrets_are_refused_so_an_unedited_install_fail
     path = tmp_path / "coordinator.yaml"
     path.write_text(remap(text, tmp_path), encoding="utf-8")
     env = write_member_cert(pod_env(container, "coordinator-0", "z"), tmp_path, "coordinator-0")
+    objs, sts, _, _ = coordinator_parts("overlays/single-region")
+    env = raft_tls_env(env, sts["spec"]["template"]["spec"], container, objs, tmp_path)
     load_config(path, env=env)  # usable secrets: fine
+    raft_cert = Path(json.loads(env["CONTROLPLANE_RAFT_TLS"])["cert_file"])
+    good_cert = raft_cert.read_bytes()
+    raft_cert.write_bytes((base / "coordinator/secrets/raft-tls/coordinator-0.crt").read_bytes())
+    with pytest.raises(ConfigError, match="raft_tls"):
+        load_config(path, env=env)
+    raft_cert.write_bytes(good_cert)
     shipped["fence-key.pem"] = (base / "coordinator/secrets/fence-key.pem").read_bytes()
     for name, field in (("raft/password", "password_file"), ("tokens/admin", "admin_token_file"),
                         ("fence/fence-key.pem", "fence_key_file")):
@@ -255,7 +281,8 @@ def test_the_shipped_placeholder_secrets_are_refused_so_an_unedited_install_fail
         assert err.value.field == field
         secret.write_bytes(good)
     # the PEM placeholders are not PEM: the TLS server cannot start with them
-    for pem in ("tls.crt", "tls.key", "ca.crt"):
+    for pem in ("tls.crt", "tls.key", "ca.crt", *(p.relative_to(base / "coordinator/secrets")
+                                                  for p in (base / "coordinator/secrets/raft-tls").iterdir())):
         assert b"-----BEGIN" not in (base / "coordinator/secrets" / pem).read_bytes()
 
 

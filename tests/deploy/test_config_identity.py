@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from controlplane.config import ConfigError, load_config
+from controlplane.config import ConfigError, CoordinatorConfig
+from controlplane.config import load_config as _load_config
+from tests.support.raft_pki import shared_raft_tls
 
 MEMBERS = [
     {"node_id": f"coordinator-{i}", "zone": f"zone-{'abc'[i]}",
@@ -16,6 +19,11 @@ MEMBERS = [
      "api_address": f"coordinator-{i}.peers.cp.svc.cluster.local:7443"}
     for i in range(3)
 ]
+
+
+def load_config(path: Path, env: dict[str, str]) -> CoordinatorConfig:
+    """The loader, with the Raft certificate of the member that ``env`` names (as its pod gets it)."""
+    return _load_config(path, env={"CONTROLPLANE_RAFT_TLS": json.dumps(shared_raft_tls(env["CONTROLPLANE_NODE_ID"])), **env})
 
 
 def write(tmp_path: Path, **extra: Any) -> Path:

@@ -15,6 +15,7 @@ from controlplane.cli.main import main
 from controlplane.cli.up import free_ports
 from controlplane.config import load_config
 from controlplane.tls import make_dev_pki
+from tests.support.raft_pki import raft_tls
 from tests.unit.test_admin_api import STATUS, StandInNode
 
 
@@ -37,7 +38,8 @@ def coordinator_config(tmp_path: Path, *, mutual: bool) -> tuple[Path, object]:
     path.write_text(yaml.safe_dump({
         "node_id": "coordinator-0", "zone": "az-a", "raft_address": f"127.0.0.1:{raft}",
         "api_address": f"127.0.0.1:{api}", "data_dir": str(tmp_path / "data"),
-        "password": "0123456789abcdef", "api_tls": tls}), encoding="utf-8")
+        "password": "0123456789abcdef", "api_tls": tls, "raft_tls": raft_tls(tmp_path, "coordinator-0")}),
+        encoding="utf-8")
     return path, pki
 
 

@@ -12,6 +12,7 @@ from controlplane.config import CoordinatorConfig
 from controlplane.domain import commands as c
 from controlplane.domain.records import BreakerRecord
 from controlplane.domain.state import snapshot
+from controlplane.tls import make_raft_pki
 from controlplane.runtime.lease_guard import LeaseGuard
 from raft.node import RaftNode
 
@@ -47,12 +48,13 @@ def cluster_configs(base: Path, n: int, extra: int = 0, **overrides: Any) -> lis
     total = n + extra
     ports = free_ports(2 * total)
     members = [member(i, ports[2 * i], ports[2 * i + 1]) for i in range(total)]
+    pki = make_raft_pki(base / "raft-pki", [m["node_id"] for m in members])
     out = []
     for i in range(total):
         peers = [m for j, m in enumerate(members[: max(n, i + 1)]) if j != i]
         out.append({
             **members[i], "peers": peers, "data_dir": str(base / members[i]["node_id"]),
-            "password": PASSWORD, **TEST_TIMINGS, **overrides,
+            "password": PASSWORD, "raft_tls": pki.tls_fields(members[i]["node_id"]), **TEST_TIMINGS, **overrides,
         })
     return out
 

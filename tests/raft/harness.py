@@ -16,19 +16,26 @@ Each command is one line; each answer is one JSON line on stdout (logs go to std
     add ADDR          add the member at Raft address ADDR (from the leader): {"ok": true} or an error
     remove ADDR       remove the member at Raft address ADDR (from the leader)
     bench N           N single-write commits: {"ok": true, "n", "p50_ms", "p99_ms", "max_ms", "fsyncs", ...}
+    exhaust           open /dev/null until EMFILE and hold the descriptors: {"ok": true, "held": n}
+    release           close them again: {"ok": true, "released": n}
+    transport         the Raft transport's counters: {"ok": true, "counters": {...}, "accept_paused"}
     quit              stop everything and exit 0
 
 A write ``i`` is ``PutBreaker(key="w%06d" % i)``: one small entry that always applies.
 
+With ``CP_TEST_NOFILE=N`` the process lowers its soft RLIMIT_NOFILE to N first (the EMFILE test).
 With ``CP_FAULTPROXY_PEER_PORTS`` set (``tests/support/faultproxy.py``: ``Partitioner.env_for``),
 peers are dialled through the test's fault proxies.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
+import os
+import resource
 import sys
 import threading
 import time
@@ -71,6 +78,7 @@ class Harness:
         self._stream: threading.Thread | None = None
         self._stream_stop = threading.Event()
         self._streamed = 0
+        self.held: list[int] = []
 
     def start(self) -> None:
         self.node.start()
@@ -159,6 +167,15 @@ class Harness:
             "applied": st.applied_index, "commit": st.commit_index,
         }
 
+    def exhaust(self) -> dict[str, Any]:
+        try:
+            while True:
+                self.held.append(os.open(os.devnull, os.O_RDONLY))
+        except OSError as exc:
+            if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                raise
+        return {"ok": True, "held": len(self.held)}
+
     def handle(self, line: str) -> dict[str, Any] | None:
         parts = line.split()
         if not parts:
@@ -176,10 +193,27 @@ class Harness:
             return self.stop_stream()
         if cmd == "dump":
             return self.dump()
+        if cmd == "exhaust":
+            return self.exhaust()
+        if cmd == "release":
+            n = len(self.held)
+            for fd in self.held:
+                os.close(fd)
+            self.held = []
+            return {"ok": True, "released": n}
+        if cmd == "transport":
+            stats = self.node.transport_stats()
+            assert stats is not None
+            return {"ok": True, "counters": stats.counters, "accept_paused": stats.accept_paused,
+                    "open_links": stats.open_links, "pending_links": stats.pending_links}
         return {"ok": False, "error": f"unknown command {cmd!r}"}
 
 
 def main(argv: list[str]) -> int:
+    limit = os.environ.get("CP_TEST_NOFILE")
+    if limit:
+        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (int(limit), hard))
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     h = Harness(argv[1])
     h.start()

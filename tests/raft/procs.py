@@ -24,8 +24,9 @@ ASK_TIMEOUT_S = 10.0
 class HarnessProc:
     """One harness process. Answers go to a queue; ``{"ack": i}`` lines are collected in ``acks``."""
 
-    def __init__(self, cfg: dict[str, Any], workdir: Path) -> None:
+    def __init__(self, cfg: dict[str, Any], workdir: Path, env: dict[str, str] | None = None) -> None:
         self.cfg = cfg
+        self.extra_env = env or {}
         self.node_id = cfg["node_id"]
         self.config_path = workdir / f"{self.node_id}.yaml"
         self.config_path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
@@ -40,7 +41,7 @@ class HarnessProc:
         self.acks = []
         self._answers = queue.Queue()
         log = open(self.log_path, "a", encoding="utf-8")  # noqa: SIM115 (lives as long as the process)
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        env = {**os.environ, "PYTHONPATH": str(REPO), **self.extra_env}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.raft.harness", str(self.config_path)],
             cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1, env=env,

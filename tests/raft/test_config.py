@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from controlplane.config import ConfigError, CoordinatorConfig, load_config
+from controlplane.config import DEFAULT_RAFT_MAX_FRAME, MAX_ENTRY_BYTES, ConfigError, CoordinatorConfig, load_config
+from raft import codec
+from tests.support.raft_pki import shared_raft_tls
 
 GOOD: dict[str, Any] = {
     "node_id": "coord-a",
@@ -16,6 +20,7 @@ GOOD: dict[str, Any] = {
     "raft_address": "127.0.0.1:7001",
     "api_address": "127.0.0.1:8001",
     "password": "0123456789abcdef",
+    "raft_tls": shared_raft_tls("coord-a"),
     "peers": [
         {"node_id": "coord-b", "zone": "az-2", "raft_address": "127.0.0.1:7002", "api_address": "127.0.0.1:8002"},
         {"node_id": "coord-c", "zone": "az-3", "raft_address": "127.0.0.1:7003", "api_address": "127.0.0.1:8003"},
@@ -42,11 +47,20 @@ def test_good_config_loads_with_defaults(tmp_path: Path) -> None:
     assert (tmp_path / "data").is_dir()
     assert "0123456789abcdef" not in repr(cfg)  # SecretStr
     assert cfg.member_by_address("127.0.0.1:7002").node_id == "coord-b"  # type: ignore[union-attr]
+    assert cfg.raft_tls is not None and cfg.raft_max_frame_bytes == DEFAULT_RAFT_MAX_FRAME
+    assert (cfg.raft_handshake_timeout_ms, cfg.raft_half_frame_timeout_ms, cfg.raft_idle_timeout_ms) == (3000, 10_000, 10_000)
+    assert (cfg.raft_max_connections, cfg.raft_max_connections_per_ip) == (64, 16)
+
+
+def test_the_frame_limit_follows_the_largest_legal_entry() -> None:
+    assert MAX_ENTRY_BYTES == codec.MAX_PAYLOAD_BYTES
+    assert codec.MAX_PAYLOAD_BYTES < DEFAULT_RAFT_MAX_FRAME < 32 * 1024 * 1024
 
 
 def test_env_overrides_file(tmp_path: Path) -> None:
     env = {
         "CONTROLPLANE_NODE_ID": "coord-z",
+        "CONTROLPLANE_RAFT_TLS": json.dumps(shared_raft_tls("coord-z")),
         "CONTROLPLANE_LEASE_DURATION_MS": "1500",
         "CONTROLPLANE_FSYNC": "none",
         "CONTROLPLANE_PASSWORD": "another-password-123",
@@ -74,7 +88,7 @@ NO_PASSWORD = {k: v for k, v in GOOD.items() if k != "password"}
 # (case, changes to GOOD, field named in the message, words in the message)
 REJECTIONS: list[tuple[str, dict[str, Any], str, str]] = [
     ("password missing", {"password": None}, "password",
-     "required: pysyncobj pickles its wire messages, so Raft traffic must be encrypted"),
+     "required: Raft members prove it to each other inside mutual TLS (a second layer besides raft_tls)"),
     ("password short", {"password": "short"}, "password", "at least 16 characters"),
     ("password and file", {"password_file": "/nonexistent"}, "password", "not both"),
     ("bad node id", {"node_id": "Coord_A"}, "node_id", "not a valid id"),
@@ -103,6 +117,17 @@ REJECTIONS: list[tuple[str, dict[str, Any], str, str]] = [
     ("duplicate address", {"peers": [dict(GOOD["peers"][0], raft_address="127.0.0.1:7001")]},
      "peers[0].raft_address", "used twice"),
     ("peer field", {"peers": [dict(GOOD["peers"][0], zone="AZ 2")]}, "peers[0].zone", "not a valid id"),
+    ("raft_tls missing", {"raft_tls": None}, "raft_tls", "required: Raft members authenticate each other with mutual TLS"),
+    ("raft_tls unreadable", {"raft_tls": dict(GOOD["raft_tls"], cert_file="/nonexistent.pem")}, "raft_tls.cert_file",
+     "cannot read '/nonexistent.pem'"),
+    ("raft_tls other key", {"raft_tls": dict(GOOD["raft_tls"], key_file=shared_raft_tls("coord-b")["key_file"])},
+     "raft_tls", "key_file: cannot use"),
+    ("raft_tls other member", {"raft_tls": shared_raft_tls("coord-b")}, "raft_tls.cert_file",
+     "names coordinator identity 'coord-b', but this member is node_id 'coord-a'"),
+    ("raft_tls not a CA", {"raft_tls": dict(GOOD["raft_tls"], ca_file=__file__)}, "raft_tls", "ca_file:"),
+    ("frame too small", {"raft_max_frame_bytes": 1 << 20}, "raft_max_frame_bytes", "greater than or equal to"),
+    ("keepalive vs idle", {"raft_keepalive_ms": 5000}, "raft_keepalive_ms", "exceeds raft_idle_timeout_ms"),
+    ("accept backoff", {"raft_accept_backoff_ms": 2000}, "raft_accept_backoff_max_ms", "below raft_accept_backoff_ms"),
 ]
 
 

@@ -24,7 +24,9 @@ from raft.lease import LeaseRecord
 from raft.journal import RaftJournal
 from raft.node import RaftNode, construct_with_journal, failure_error
 from raft.replicator import RaftReplicator
+from raft.peer_auth import derive_auth_key
 from tests.raft.cluster import PASSWORD, breaker_write, free_ports
+from tests.support.raft_pki import raft_tls
 from tests.support.waiting import wait_until
 
 
@@ -32,7 +34,8 @@ def single_node_cfg(tmp_path: Path, **overrides: object) -> CoordinatorConfig:
     raft_port, api_port = free_ports(2)
     return CoordinatorConfig(
         node_id="solo", zone="az-1", raft_address=f"127.0.0.1:{raft_port}", api_address=f"127.0.0.1:{api_port}",
-        data_dir=tmp_path / "solo", password=PASSWORD, **overrides,  # type: ignore[arg-type]
+        data_dir=tmp_path / "solo", password=PASSWORD, raft_tls=raft_tls(tmp_path, "solo"),
+        **overrides,  # type: ignore[arg-type]
     )
 
 
@@ -95,14 +98,22 @@ def test_fsync_per_entry_only_in_entry_mode(tmp_path: Path, mode: str) -> None:
 
 def test_refuses_to_start_without_password(tmp_path: Path) -> None:
     cfg = single_node_cfg(tmp_path).model_copy(update={"password": None})
-    with pytest.raises(ConfigError, match="password: required: pysyncobj pickles its wire messages"):
+    with pytest.raises(ConfigError, match="password: required: Raft members prove it to each other inside mutual TLS"):
+        RaftNode(cfg)
+
+
+def test_refuses_to_start_without_raft_tls(tmp_path: Path) -> None:
+    cfg = single_node_cfg(tmp_path).model_copy(update={"raft_tls": None})
+    with pytest.raises(ConfigError, match="raft_tls: required: Raft members authenticate each other with mutual TLS"):
         RaftNode(cfg)
 
 
 def test_syncobj_conf_from_config(tmp_path: Path) -> None:
     cfg = single_node_cfg(tmp_path)
-    conf = RaftNode(cfg)._conf()
-    assert conf.password == PASSWORD
+    node = RaftNode(cfg)
+    conf = node._conf()
+    assert conf.password is None  # the password is checked by raft/transport.py, not by pysyncobj's Fernet layer
+    assert node._transport_settings.auth_key == derive_auth_key(PASSWORD.encode())
     assert conf.bindAddress == cfg.raft_address  # never 0.0.0.0
     assert conf.journalFile == str(cfg.data_dir / "raft.journal")
     assert conf.fullDumpFile == str(cfg.data_dir / "raft.snapshot")

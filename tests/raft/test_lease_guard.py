@@ -11,6 +11,7 @@ from controlplane.config import CoordinatorConfig
 from controlplane.domain.errors import CommitTimeout, ControlPlaneError, LeadershipLost, NotLeader
 from controlplane.runtime.lease_guard import LeaseGuard
 from raft.lease import AcquireLease, LeaseCommand, LeaseOutcome, LeaseRecord, RenewLease, apply_lease
+from tests.support.raft_pki import raft_tls
 
 D, RENEW, MARGIN, RHO = 1200, 250, 100, 0.01
 V = int(D * (1 - RHO)) - MARGIN  # 1088
@@ -80,7 +81,7 @@ class FakeNode:
 def cfg(tmp_path: Path) -> CoordinatorConfig:
     return CoordinatorConfig(
         node_id="coord-a", zone="az-1", raft_address="127.0.0.1:7001", api_address="127.0.0.1:8001",
-        data_dir=tmp_path, password="0123456789abcdef", lease_duration_ms=D, lease_renew_ms=RENEW,
+        data_dir=tmp_path, password="0123456789abcdef", raft_tls=raft_tls(tmp_path, "coord-a"), lease_duration_ms=D, lease_renew_ms=RENEW,
         lease_margin_ms=MARGIN, drift_rho=RHO,
     )
 

@@ -1,21 +1,20 @@
-"""The Raft port (pysyncobj, whose wire messages are pickles) under attack, on 127.0.0.1.
+"""The Raft port under attack, on 127.0.0.1 (raft/transport.py: mutual TLS + password + strict messages).
 
 * **Encryption, by capture.** Two coordinators' Raft link is routed through a recording TCP proxy
   (tests/support/recordproxy.py, the node's ``raft_dial_overrides``) while a command carrying a
-  known marker is committed. Every frame on the wire is a Fernet token and the marker appears
-  nowhere, neither in the raw bytes nor in any frame that would decompress. The control: the same
-  two nodes with encryption switched off in a test-only subclass show the marker in the decompressed
-  frames of the same capture, so the capture does see commands when they are in clear.
-* **No password, wrong password.** A pysyncobj peer listed in the group's membership (it binds the
-  third member's address) but without the password, or with another one, never joins: while it and
-  the members retry their connections (counted by recording proxies on every link to it), the group
-  never reports it connected, the command it submits is never applied anywhere, the members' state
-  does not change, and it never learns a leader (pysyncobj does not even campaign without a
-  connected peer, so no vote request of its can disturb the group).
+  known marker is committed. Every byte on the wire belongs to a TLS record (content types 20-23,
+  version 0x0303, length <= 2^14 + 256), everything after the first ClientHello/ServerHello is
+  ``application_data`` (TLS 1.3 encrypts the rest of the handshake too), and the marker appears
+  nowhere. The control: the marker is in the bytes our wire format would carry in clear, so the
+  capture would see it if the link were not encrypted.
+* **A pysyncobj peer never joins**, with no password, a wrong one or even the group's password:
+  it speaks pysyncobj's framing without a certificate, so every connection ends in the TLS
+  handshake (counted as ``tls_rejected``); the group never reports it connected, the command it
+  submits is never applied, the members' state does not change, it never learns a leader.
 * **Pickle payloads.** Raw frames carrying a pickle that would create a directory when unpickled
-  (plain and zlib-compressed, as pysyncobj frames them) sent to a member's Raft port do nothing; the
-  control: the same bytes sent to a bare pysyncobj node without a password do create it (why the
-  password is mandatory: ``raft/node.py`` refuses to start without one).
+  (plain and zlib-compressed, as pysyncobj frames them) sent to a member's Raft port do nothing (they
+  fail the TLS handshake); the control: the same bytes sent to a bare pysyncobj node without a
+  password do create it. (tests/raft/test_transport.py: what an authenticated peer's pickles do.)
 """
 
 from __future__ import annotations
@@ -37,28 +36,33 @@ from controlplane.cli.up import free_ports
 from controlplane.config import CoordinatorConfig
 from controlplane.domain import commands as c
 from controlplane.domain.records import BreakerRecord
-from raft import codec
+from raft import codec, wire
 from raft.node import RaftNode, dial_override_node_class
-from tests.raft.cluster import cluster_configs
-from tests.support.recordproxy import RecordingProxy, frames, plaintexts
+from tests.raft.cluster import PASSWORD, cluster_configs
+from tests.support.recordproxy import RecordingProxy
 from tests.support.waiting import wait_until
 
 MARKER = "zq-plaintext-marker-7731"
-FERNET_PREFIX = b"gAAAAA"
-"""A Fernet token is urlsafe base64 of version byte 0x80 and a 64-bit timestamp: it starts so."""
+TLS_CONTENT_TYPES = {20, 21, 22, 23}
+APPLICATION_DATA = 23
+MAX_RECORD = (1 << 14) + 256
 
 
-class PlaintextRaftNode(RaftNode):
-    """Test-only control: the same node with pysyncobj's encryption switched off."""
-
-    def _conf(self) -> SyncObjConf:
-        conf = super()._conf()
-        conf.password = None
-        return conf
+def tls_records(stream: bytes) -> list[tuple[int, int]]:
+    """(content type, length) of every TLS record in ``stream``; raises if a byte is not part of one
+    (a trailing partial record, cut by the end of the capture, is allowed)."""
+    out, at = [], 0
+    while at + 5 <= len(stream):
+        kind, major, minor, n = stream[at], stream[at + 1], stream[at + 2], int.from_bytes(stream[at + 3:at + 5], "big")
+        assert kind in TLS_CONTENT_TYPES and major == 3 and minor in (1, 3) and n <= MAX_RECORD, \
+            f"not a TLS record at byte {at}: {stream[at:at + 8].hex()}"
+        out.append((kind, n))
+        at += 5 + n
+    return out
 
 
 @contextmanager
-def proxied_pair(tmp_path: Path, node_type: type[RaftNode]) -> Iterator[tuple[list[RaftNode], list[RecordingProxy]]]:
+def proxied_pair(tmp_path: Path) -> Iterator[tuple[list[RaftNode], list[RecordingProxy]]]:
     raws = cluster_configs(tmp_path, 2)
     proxies = [RecordingProxy(raws[1]["raft_address"]).start(), RecordingProxy(raws[0]["raft_address"]).start()]
     nodes: list[RaftNode] = []
@@ -67,7 +71,7 @@ def proxied_pair(tmp_path: Path, node_type: type[RaftNode]) -> Iterator[tuple[li
             other = raws[1] if raw is raws[0] else raws[0]
             overrides = {other["raft_address"]: proxy.address}
             cfg = CoordinatorConfig.model_validate({**raw, "raft_dial_overrides": overrides})
-            nodes.append(node_type(cfg, node_class=dial_override_node_class(overrides)))
+            nodes.append(RaftNode(cfg, node_class=dial_override_node_class(overrides)))
         for n in nodes:
             n.start()
         yield nodes, proxies
@@ -92,23 +96,22 @@ def captured(proxies: list[RecordingProxy]) -> list[bytes]:
 
 
 @pytest.mark.timeout(120)
-def test_raft_traffic_is_encrypted_and_the_capture_sees_clear_text_when_it_is_not(tmp_path: Path) -> None:
-    with proxied_pair(tmp_path / "enc", RaftNode) as (nodes, proxies):
+def test_raft_traffic_is_tls_records_only_and_the_marker_never_crosses_in_clear(tmp_path: Path) -> None:
+    with proxied_pair(tmp_path / "enc") as (nodes, proxies):
         commit_marker(nodes)
         streams = captured(proxies)
     assert sum(p.connections for p in proxies) >= 1 and sum(map(len, streams)) > 1_000, "no traffic went through the proxy"
-    wire = b"".join(streams)
-    assert MARKER.encode() not in wire
-    every_frame = [f for s in streams for f in frames(s)]
-    assert len(every_frame) > 10
-    assert all(f.startswith(FERNET_PREFIX) for f in every_frame), "a Raft frame that is not a Fernet token"
-    assert not any(plaintexts(s) for s in streams), "a Raft frame that decompresses without the key"
-
-    with proxied_pair(tmp_path / "plain", PlaintextRaftNode) as (nodes, proxies):
-        commit_marker(nodes)
-        streams = captured(proxies)
-    clear = [m for s in streams for m in plaintexts(s)]
-    assert clear and any(MARKER.encode() in m for m in clear), "the capture cannot see a clear-text command"
+    assert MARKER.encode() not in b"".join(streams)
+    for stream in streams:
+        records = tls_records(stream)
+        assert records and records[0][0] == 22, "a stream that does not start with a TLS handshake record"
+        # TLS 1.3: after the (Client|Server)Hello and an optional change_cipher_spec, all is encrypted
+        later = [kind for kind, _ in records[1:] if kind != 20]
+        assert later and all(kind == APPLICATION_DATA for kind in later), "a clear-text record after the hello"
+    assert sum(len(tls_records(s)) for s in streams) > 10
+    # control: in clear, the marker would be on the wire (our encoding of the entry carries it verbatim)
+    entry = codec.encode(c.PutBreaker(key=MARKER, record=BreakerRecord(failures=7)))
+    assert MARKER.encode() in wire.encode({"type": "apply_command", "command": entry})
 
 
 def _attacker(address: str, dial: dict[str, str], password: str | None) -> tuple[SyncObj, ReplDict]:
@@ -121,8 +124,9 @@ def _attacker(address: str, dial: dict[str, str], password: str | None) -> tuple
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("password", [None, "not-the-group-password-123"], ids=["no-password", "wrong-password"])
-def test_a_peer_without_the_password_never_joins(tmp_path: Path, password: str | None) -> None:
+@pytest.mark.parametrize("password", [None, "not-the-group-password-123", PASSWORD],
+                         ids=["no-password", "wrong-password", "the-group-password"])
+def test_a_pysyncobj_peer_never_joins(tmp_path: Path, password: str | None) -> None:
     raws = cluster_configs(tmp_path, 3)
     intruder_addr = raws[2]["raft_address"]
     # every connection between the intruder and a member, whichever side dials, goes through a proxy:
@@ -149,6 +153,7 @@ def test_a_peer_without_the_password_never_joins(tmp_path: Path, password: str |
         assert store.get("intruder") is None
         assert [m.state_copy().breakers for m in members] == before
         assert all(m.running for m in members)
+        assert sum(m.transport_stats().counters["tls_rejected"] for m in members) >= 1  # type: ignore[union-attr]
         # and what the intruder sent never reached a member's log in clear: no frame of its decompresses
         # into anything the members understood (they hung up at the first frame)
         assert MARKER.encode() not in b"".join(s for p in proxies for s in p.recorded())
@@ -202,6 +207,7 @@ def test_pickle_payloads_on_the_raft_port_are_never_unpickled(tmp_path: Path) ->
         node.submit(codec.encode(c.PutBreaker(key="after", record=BreakerRecord(failures=2))), timeout_s=10.0)
         assert node.running and "after" in node.state_copy().breakers
         assert not pwned.exists(), "the Raft port unpickled an attacker's payload"
+        assert node.transport_stats().counters["tls_rejected"] >= 2  # type: ignore[union-attr]
     finally:
         node.stop()
 

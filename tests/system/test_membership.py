@@ -14,6 +14,7 @@ import yaml
 
 from controlplane.api.admin import Credentials, fetch_status
 from controlplane.cli.up import free_ports, plan_group
+from controlplane.tls import RaftPki, issue_coordinator_cert
 from controlplane.tokens import new_token
 from tests.support.waiting import wait_until
 
@@ -46,8 +47,12 @@ def test_add_a_fourth_member_and_remove_one_while_committing(tmp_path: Path) -> 
         n.config.write_text(yaml.safe_dump(dict(yaml.safe_load(n.config.read_text()), admin_token_file=str(tmp_path / "admin.token"))))
     raft4, api4 = (f"127.0.0.1:{p}" for p in free_ports(2))
     base = yaml.safe_load(nodes[0].config.read_text())
+    # the new member gets its own Raft certificate from the group's Raft CA (plan_group's pki/raft)
+    raft_pki = RaftPki(tmp_path / "pki" / "raft", tmp_path / "pki" / "raft" / "raft-ca.pem",
+                       tmp_path / "pki" / "raft" / "raft-ca-key.pem")
+    issue_coordinator_cert(raft_pki, "coord-d")
     cfg4 = dict(base, node_id="coord-d", zone="az-d", raft_address=raft4, api_address=api4,
-                data_dir=str(tmp_path / "coord-d"),
+                data_dir=str(tmp_path / "coord-d"), raft_tls=raft_pki.tls_fields("coord-d"),
                 peers=[{"node_id": n.node_id, "zone": n.zone, "raft_address": n.raft_address, "api_address": n.api_address}
                        for n in nodes])
     (tmp_path / "coord-d.yaml").write_text(yaml.safe_dump(cfg4))

@@ -139,3 +139,10 @@ def test_a_real_coordinator_serves_its_metrics(coordinator: tuple[Coordinator, s
     assert got[("controlplane_tick_duration_seconds_count", ())] >= 1
     assert not any(token.split("_")[-1] in str(k) for k in got)  # nothing secret in label values
     channel.close()
+
+
+def test_raft_transport_counters_are_exported() -> None:
+    got = scrape(view(raft_transport={"oversize_frames": 2, "emfile_backoffs": 3, "tls_rejected": 0}))
+    assert got[("controlplane_raft_transport_events_total", (("event", "oversize_frames"),))] == 2
+    assert got[("controlplane_raft_transport_events_total", (("event", "emfile_backoffs"),))] == 3
+    assert got[("controlplane_raft_transport_events_total", (("event", "tls_rejected"),))] == 0
