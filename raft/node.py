@@ -339,6 +339,7 @@ class RaftNode:
         self._fatal = ""
         self._status = RaftStatus(self.node_id, "follower", 0, None, 0, 0, 0, ())
         self._leader_address: str | None = None
+        self._tick_observers: list[Callable[[RaftStatus], None]] = []
 
     # --- lifecycle ----------------------------------------------------------------------------------
 
@@ -425,6 +426,8 @@ class RaftNode:
                     time.sleep(wait)
                 self._ticked = True
                 self._publish(obj)
+                for fn in self._tick_observers:
+                    fn(self._status)
         finally:
             try:
                 obj.destroy()  # autoTick=False: closes the transport and the journal (msync) right here
@@ -451,6 +454,13 @@ class RaftNode:
             log_len=st["log_len"],
             peers=peers,
         )
+
+    # --- observation hooks (issue 14: stable leadership; controlplane/bench/stability.py) -------------
+
+    def add_tick_observer(self, fn: Callable[[RaftStatus], None]) -> None:
+        """Call ``fn(status)`` in the tick thread after every tick (keep it short: it delays the
+        next tick). Add observers before :meth:`start`."""
+        self._tick_observers.append(fn)
 
     # --- snapshot hooks (tick thread) ---------------------------------------------------------------
 
