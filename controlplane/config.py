@@ -295,6 +295,11 @@ class CoordinatorConfig(BaseModel):
     log_compaction_min_time_ms: int = Field(300_000, gt=0)
     raft_queue_size: int = Field(10_000, gt=0)
     """Bound on commands queued inside pysyncobj (QueueFull beyond)."""
+    # --- stable leadership on a busy machine (docs/reliability.md "Leadership under load") ---
+    raft_read_before_timers: bool = True
+    """Read what waits on the Raft sockets before pysyncobj's election / check-quorum timers run, so
+    a stall of this member's own tick thread is not taken for a silent leader (raft/node.py
+    ``read_before_timers``). Off only to measure the difference."""
     clusters: list[ClusterConfig] = Field(default_factory=list)
     """Clusters and their adapters (the same list on every member)."""
     tenants: list[TenantSpec] = Field(default_factory=list)

@@ -300,6 +300,37 @@ def _wrap_journal(obj: SyncObj, journal_path: Path, fsync: bool) -> DurableJourn
     return wrapped
 
 
+# --- stable leadership on a busy machine (issue 14 item 6; docs/reliability.md "Leadership under load") --
+
+READ_BEFORE_TIMERS_ROUNDS = 4
+"""At most this many non-blocking reads before a tick (each one may itself stall in an fsync)."""
+READ_BEFORE_TIMERS_SLOW_S = 0.02
+"""A read that took longer than this may have let more messages arrive: read again (up to the rounds)."""
+
+
+def read_before_timers(obj: SyncObj) -> None:
+    """Read and handle what is already waiting on the sockets *before* pysyncobj's timers run.
+
+    pysyncobj's tick checks the follower's election deadline and the leader's check-quorum
+    (``leaderFallbackTimeout``) first and reads the sockets only at its end. So when the tick thread
+    stalled (an fsync under disk contention, CPU starvation) for longer than the election timeout, the
+    next tick starts an election, or the leader steps down, although the leader's heartbeats or the
+    followers' answers are sitting unread in the socket buffers. Reading them first resets the
+    deadline / the response times, and the timers then judge the peers, not our own stall. A real
+    silence (dead leader, partition) leaves nothing to read, so failover is unchanged.
+
+    Uses pysyncobj's poller (``SyncObj._poller``, the one its transport registers every socket with;
+    ``tests/raft/test_read_before_timers.py`` checks that it exists and that the stall case works)."""
+    poller = getattr(obj, "_poller", None)
+    if poller is None:
+        return
+    for _ in range(READ_BEFORE_TIMERS_ROUNDS):
+        t0 = time.monotonic()
+        poller.poll(0)
+        if time.monotonic() - t0 < READ_BEFORE_TIMERS_SLOW_S:
+            return
+
+
 # --- the node ---------------------------------------------------------------------------------------
 
 
@@ -420,6 +451,8 @@ class RaftNode:
         try:
             while not self._stopping.is_set() and not self._fatal:
                 try:
+                    if self._ticked and self.cfg.raft_read_before_timers:
+                        read_before_timers(obj)
                     obj.doTick(wait)
                 except Exception:
                     log.exception("raft tick failed on %s", self.node_id)
