@@ -32,7 +32,9 @@ class Election:
     at_s: float
     term: int
     since_leader_msg_ms: float | None
-    """Time since the last message from the leader this member followed (None: it never had one)."""
+    """Time since the last message, read by the end of the previous tick, from the last leader this
+    member followed (None: it never followed one). Below the election timeout plus the tick gap: the
+    timer expired because this member's own tick stalled, not because the leader went quiet."""
     since_any_msg_ms: float | None
     tick_gap_ms: float
     """The gap between the two ticks around the election: a stall longer than the election timeout
@@ -74,6 +76,10 @@ class TickWatch:
         self._role = "follower"
         self._term = 0
         self._leader: str | None = None
+        self._followed: str | None = None
+        """The last leader other than this member."""
+        self._heard_leader_before: float | None = None
+        self._heard_any_before: float | None = None
         self._last_leader_msg: dict[str, float] = {}
         self._last_any_msg: float | None = None
         self._votes_seen: dict[str, int] = {}
@@ -109,18 +115,22 @@ class TickWatch:
                 if gap >= b:
                     self._gap_buckets[b] += 1
             if role == "candidate" and (term > self._term or self._role != "candidate"):
-                lm = self._last_leader_msg.get(self._leader) if self._leader else None
-                if lm is None and self._last_leader_msg:
-                    lm = max(self._last_leader_msg.values())
+                # pysyncobj decides on an election at the start of a tick and reads the sockets at its
+                # end, so judge by what had been heard when the previous tick ended
+                lm, anym = self._heard_leader_before, self._heard_any_before
                 self._keep(self.elections, Election(
                     now_s, term, None if lm is None else round((now_s - lm) * 1000.0, 1),
-                    None if self._last_any_msg is None else round((now_s - self._last_any_msg) * 1000.0, 1),
+                    None if anym is None else round((now_s - anym) * 1000.0, 1),
                     round(gap, 1), self._role))
             if (leader, term) != (self._leader, self._term) and leader is not None:
                 self._keep(self.leaders, LeaderSeen(now_s, term, leader, role))
             self._role, self._term = role, term
             if leader is not None:
                 self._leader = leader
+            if leader is not None and leader != self.node_id:
+                self._followed = leader
+            self._heard_leader_before = self._last_leader_msg.get(self._followed) if self._followed else None
+            self._heard_any_before = self._last_any_msg
 
     def observe_lease(self, now_s: float, holder: str, epoch: int) -> None:
         with self._lock:
