@@ -275,15 +275,15 @@ class CoordinatorConfig(BaseModel):
     """Raft transport encryption key (mandatory, at least 16 characters). Or ``password_file``."""
     password_file: Path | None = None
 
-    raft_min_timeout_ms: int = Field(700, gt=0)
-    raft_max_timeout_ms: int = Field(1100, gt=0)
-    """Election timeouts. Long enough for the leader's tick stalls measured on a busy machine (fsync
-    beside a disk-heavy writer, CPU starvation; the followers' own stalls are covered by
-    ``raft_read_before_timers``), short enough that an election, even one repeated after a split
-    vote, ends inside or just after the lease wait, so failover p99 stays < 2 s (docs/reliability.md
-    "Leadership under load"; the earlier 150/450 flapped there, 1000/1500 made a split vote cost 2.4 s)."""
+    raft_min_timeout_ms: int = Field(1000, gt=0)
+    raft_max_timeout_ms: int = Field(1500, gt=0)
+    """Election timeouts. Above the leader's tick stalls measured on a busy machine (fsync beside a
+    disk-heavy writer, CPU starvation: up to ~1.3 s; the followers' own stalls are covered by
+    ``raft_read_before_timers``), and a normal election still ends inside the lease wait. Trade-off:
+    a split vote now costs one more 1-1.5 s round (failover ~2.4 s, 1 trial in 20). Measurements in
+    docs/reliability.md "Leadership under load" (150/450 flapped: 17 changes in 10 min; 700/1100: 7)."""
     append_entries_period_ms: int = Field(40, gt=0)
-    leader_fallback_timeout_ms: int = Field(650, gt=0)
+    leader_fallback_timeout_ms: int = Field(900, gt=0)
     connection_retry_ms: int = Field(200, gt=0)
     lease_duration_ms: int = Field(1200, gt=0)
     lease_renew_ms: int = Field(250, gt=0)
