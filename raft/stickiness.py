@@ -64,8 +64,9 @@ class StickinessStats:
 
 class Stickiness:
     """``InboundFilter`` (``admit(sender, message, now_s) -> bool``) for one member of a group of
-    ``group_size`` voters. ``sender`` is the peer's identity as the transport names it; leader
-    identities given to :meth:`observe_tick` must use the same names."""
+    ``group_size`` voters. ``sender`` is the peer's identity as the transport names it (any stable
+    name: contact with a leader is learnt from its ``append_entries`` here, not from
+    :meth:`observe_tick`)."""
 
     def __init__(self, group_size: int, min_election_timeout_s: float, *, rejoin_after_s: float,
                  transfer_window_s: float | None = None) -> None:
