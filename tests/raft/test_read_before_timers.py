@@ -1,5 +1,5 @@
 """A stall of a follower's own tick thread (as an fsync under disk contention causes) must not start an
-election while the leader is alive: ``raft/node.py read_before_timers`` reads the heartbeats that
+election while the leader is alive: ``raft/timers.py read_before_timers`` reads the heartbeats that
 arrived during the stall before pysyncobj looks at its election timer. With the option off the same
 stall starts an election (so the test can fail). Three real members in this process, 127.0.0.1."""
 
