@@ -351,10 +351,15 @@ class CoordinatorConfig(BaseModel):
     """Raft transport encryption key (mandatory, at least 16 characters). Or ``password_file``."""
     password_file: Path | None = None
 
-    raft_min_timeout_ms: int = Field(150, gt=0)
-    raft_max_timeout_ms: int = Field(450, gt=0)
+    raft_min_timeout_ms: int = Field(1000, gt=0)
+    raft_max_timeout_ms: int = Field(1500, gt=0)
+    """Election timeouts. Above the leader's tick stalls measured on a busy machine (fsync beside a
+    disk-heavy writer, CPU starvation: up to ~1.3 s; the followers' own stalls are covered by
+    ``raft_read_before_timers``), and a normal election still ends inside the lease wait. Trade-off:
+    a split vote now costs one more 1-1.5 s round (failover ~2.4 s, 1 trial in 20). Measurements in
+    docs/reliability.md "Leadership under load" (150/450 flapped: 17 changes in 10 min; 700/1100: 7)."""
     append_entries_period_ms: int = Field(40, gt=0)
-    leader_fallback_timeout_ms: int = Field(140, gt=0)
+    leader_fallback_timeout_ms: int = Field(900, gt=0)
     connection_retry_ms: int = Field(200, gt=0)
     lease_duration_ms: int = Field(1200, gt=0)
     lease_renew_ms: int = Field(250, gt=0)
@@ -371,6 +376,11 @@ class CoordinatorConfig(BaseModel):
     log_compaction_min_time_ms: int = Field(300_000, gt=0)
     raft_queue_size: int = Field(10_000, gt=0)
     """Bound on commands queued inside pysyncobj (QueueFull beyond)."""
+    # --- stable leadership on a busy machine (docs/reliability.md "Leadership under load") ---
+    raft_read_before_timers: bool = True
+    """Read what waits on the Raft sockets before pysyncobj's election / check-quorum timers run, so
+    a stall of this member's own tick thread is not taken for a silent leader (raft/node.py
+    ``read_before_timers``). Off only to measure the difference."""
     clusters: list[ClusterConfig] = Field(default_factory=list)
     """Clusters and their adapters (the same list on every member)."""
     tenants: list[TenantSpec] = Field(default_factory=list)

@@ -70,6 +70,7 @@ from raft.fsm import ControlFsm, read_snapshot_file, write_snapshot_file
 from raft.journal import Disk, JournalError, JournalWriteFailed, RaftJournal
 from raft.lease import LeaseCommand, LeaseOutcome, LeaseRecord
 from raft.transport import InboundFilter, TlsTransport, TransportSettings, TransportStats
+from raft.timers import read_before_timers
 
 log = logging.getLogger(__name__)
 
@@ -256,6 +257,7 @@ class RaftNode:
         self._fatal_listeners: list[Callable[[str, str], None]] = []
         self._status = RaftStatus(self.node_id, "follower", 0, None, 0, 0, 0, ())
         self._leader_address: str | None = None
+        self._tick_observers: list[Callable[[RaftStatus], None]] = []
 
     # --- lifecycle ----------------------------------------------------------------------------------
 
@@ -425,6 +427,8 @@ class RaftNode:
         try:
             while not self._stopping.is_set() and not self._fatal:
                 try:
+                    if self._ticked and self.cfg.raft_read_before_timers:
+                        read_before_timers(obj)
                     obj.doTick(wait)
                 except (JournalError, _Reported):
                     pass  # reported once by _set_fatal; the loop ends on self._fatal
@@ -433,6 +437,8 @@ class RaftNode:
                     time.sleep(wait)
                 self._ticked = True
                 self._publish(obj)
+                for fn in self._tick_observers:
+                    fn(self._status)
         finally:
             try:
                 obj.destroy()  # autoTick=False: closes the transport and the journal (msync) right here
@@ -459,6 +465,13 @@ class RaftNode:
             log_len=st["log_len"],
             peers=peers,
         )
+
+    # --- observation hooks (issue 14: stable leadership; controlplane/bench/stability.py) -------------
+
+    def add_tick_observer(self, fn: Callable[[RaftStatus], None]) -> None:
+        """Call ``fn(status)`` in the tick thread after every tick (keep it short: it delays the
+        next tick). Add observers before :meth:`start`."""
+        self._tick_observers.append(fn)
 
     # --- snapshot hooks (tick thread) ---------------------------------------------------------------
 

@@ -48,6 +48,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from controlplane.config import CoordinatorConfig
+
 KINDS = ("poisoned_fence", "raft_frames", "fd_exhaustion", "journal_corruption", "disk_full", "watch_flood",
          "object_flood")
 JOURNAL_VARIANTS = ("flip", "garbage", "empty_meta", "truncate")
@@ -68,6 +70,11 @@ QUORUM_S = 10.0
 DECIDE_S = 10.0
 """``poisoned_fence``: after the attack the offered load steps up; the scale-out must be decided within this."""
 POISON_EPOCH = 2**63 - 1
+RECOVER_S = 20.0
+"""``disk_full``: after the space is freed, a restarted member must hold every acknowledged write within this."""
+
+
+DEFAULT_DEPLOYMENT_CAP: int = CoordinatorConfig.model_fields["api_max_deployments_per_tenant"].default
 
 
 @dataclass(frozen=True)
@@ -84,7 +91,7 @@ class Sizes:
     half_frame_bytes: int = 512 * 1024
     fd_headroom: int = 64
     fd_max_connections: int = 1024
-    fd_api_connections: int = 16
+    fd_api_connections: int = 256
     tmpfs_mib: int = 16
     once_watches: int = 200
     live_watches: int = 48
@@ -93,7 +100,8 @@ class Sizes:
 
 
 FULL = Sizes(duration_s=30.0)
-SHORT = Sizes(duration_s=4.0, frame_preload_mib=24, max_objects=150, journal_observe_s=6.0)
+SHORT = Sizes(duration_s=4.0, frame_preload_mib=24, max_objects=DEFAULT_DEPLOYMENT_CAP + 10, journal_observe_s=6.0)
+"""The short object flood goes just past the product's default per-tenant cap (it must meet it)."""
 
 
 @dataclass(frozen=True)
@@ -298,6 +306,8 @@ def disk_full_checks(obs: Mapping[str, Any]) -> list[Check]:
         Check("no_sigbus", rc is None or rc >= 0, rc, "not a signal", "exit status (None: alive)"),
         Check("member_survives", rc is None, rc, None, "still running after the disk filled"),
         Check("member_reports_it", bool(obs.get("reported")), obs.get("report"), "NOT_SERVING or a log line"),
+        Check("recovers_after_space_freed", obs.get("recovered_ms") is not None, obs.get("recovered_ms"),
+              f"<= {RECOVER_S * 1000:.0f}", "ms from the restart to every acknowledged write on the member"),
     ]
 
 

@@ -311,8 +311,11 @@ def fd_exhaustion(g: Group, spec: h.AttackSpec, rng: random.Random) -> Outcome:
 
     end = t0 + spec.duration_s
     try:
-        hog.open(plan.api_address, p["api_connections"], end)
+        # Raft connections first: the member's connection caps accept and close the excess at once, so
+        # they cannot exhaust it any more; then the API port (no cap of its own) takes it to its limit,
+        # so the Raft listener meets EMFILE on the next dial of a peer.
         hog.open(plan.raft_address, p["max_connections"], end, stop_when=at_limit)
+        hog.open(plan.api_address, p["api_connections"], end, stop_when=at_limit)
         obs: dict[str, Any] = {"target": target.name, "limit": limit, "open_connections": len(hog.socks),
                                "refused": hog.refused, "connect_timeouts": hog.timeouts}
         while time.monotonic() < end:
@@ -428,7 +431,22 @@ def disk_full(g: Group, spec: h.AttackSpec, rng: random.Random) -> Outcome:
     line = next((ln for ln in new.splitlines() if any(w in ln.lower() for w in words)), None)
     obs.update(returncode=target.popen.poll(), reported=bool(report or line), report=report or (line or "")[:200])
     (g.tmpfs_dir / "hostile.fill").unlink(missing_ok=True)
-    return obs, (t0, t1), ({target.name} if obs["returncode"] is not None else set())
+    if obs["returncode"] is not None:
+        return obs, (t0, t1), {target.name}
+    # space freed: a restart must bring the member back with every acknowledged write (the report of
+    # a restart that read 1,984 of 3,236 tenants is what this catches); then it counts in the checks
+    g.stop(target)
+    g.cluster.start(target)
+    assert g.client is not None
+    names = set(g.client.writes.names())
+    t_fix = time.monotonic()
+    obs["recovered_ms"] = None
+    while time.monotonic() < t_fix + h.RECOVER_S and target.alive:
+        if names <= set(g.cluster.tenants(target)[1]) and g.cluster.status(target) is not None:
+            obs["recovered_ms"] = round((time.monotonic() - t_fix) * 1000, 1)
+            break
+        time.sleep(0.2)
+    return obs, (t0, t1), (set() if obs["recovered_ms"] is not None else {target.name})
 
 
 def watch_flood(g: Group, spec: h.AttackSpec, rng: random.Random) -> Outcome:

@@ -119,6 +119,14 @@ def _parser() -> argparse.ArgumentParser:
     bc.add_argument("--out", default="out/chaos", metavar="DIR", help="where results.json, report.md and recovery.png go")
     bc.add_argument("--keep", action="store_true", help="keep the journals and logs (always kept after a failure)")
     bc.add_argument("--json", action="store_true", help="print the totals as JSON on stdout")
+    bl = bench_sub.add_parser("stability", help="leader/lease changes, tick stalls, GC and fsync of a fresh 3-member group "
+                                                "with no fault, optionally beside CPU burners and a disk writer (JSON)")
+    bl.add_argument("--seconds", type=float, default=60.0, help="measured duration (default 60)")
+    bl.add_argument("--cpu", type=int, default=0, help="CPU-burning processes beside the group (default 0)")
+    bl.add_argument("--disk", action="store_true", help="also run a disk-heavy writer (fsync'ed 1 MiB blocks, <= 256 MiB)")
+    bl.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="override a coordinator configuration field, repeatable (e.g. raft_min_timeout_ms=150)")
+    bl.add_argument("--out", default=None, metavar="FILE", help="also write the JSON here")
 
     bh = bench_sub.add_parser("hostile", help="hostile-input attacks (poisoned fence, oversized Raft frames, fd exhaustion, "
                                               "journal corruption, full disk, watch and object floods), each with a verdict")
@@ -372,6 +380,10 @@ def _bench(args: argparse.Namespace) -> int:
         from controlplane.bench.soak import run_cli as run_soak
 
         return run_soak(args.minutes, args.out, args.json, sample_s=args.sample_s, fault_every_s=args.fault_every_s)
+    if args.bench == "stability":
+        from controlplane.bench.stability import run_cli as run_stability
+
+        return run_stability(args.seconds, args.cpu, args.disk, args.set, args.out)
     if args.bench == "policies":
         from controlplane.bench.policies import run_cli as run_policies
 

@@ -20,7 +20,8 @@ GOOD = {
         "flip": {"returncode": 2, "clear_line": True}, "empty_meta": {"health": "NOT_SERVING", "clear_line": True},
         "garbage": {"returncode": 2, "clear_line": True},
         "truncate": {"health": "SERVING", "caught_up": True, "clear_line": True}}},
-    "disk_full": {"filled": True, "free_bytes": 0, "returncode": None, "reported": True, "report": "NOT_SERVING"},
+    "disk_full": {"filled": True, "free_bytes": 0, "returncode": None, "reported": True, "report": "NOT_SERVING",
+                  "recovered_ms": 900.0},
     "watch_flood": {"other_watch": "OPEN", "status_ms": {"a": 12.0, "b": 30.0}, "holder_before": (3, "coord-a"),
                     "holder_after": (3, "coord-a"), "streams_opened": 248},
     "object_flood": {"created": 100, "max_objects": 150, "refused_code": "RESOURCE_EXHAUSTED", "other_code": "OK"},
@@ -45,6 +46,7 @@ BAD = [
     ("disk_full", {"returncode": 1}, "member_survives"),  # exited: no SIGBUS, but it did not survive
     ("disk_full", {"reported": False}, "member_reports_it"),
     ("disk_full", {"filled": False, "free_bytes": 1 << 20}, "disk_was_full"),
+    ("disk_full", {"recovered_ms": None}, "recovers_after_space_freed"),  # restart read a partial state
     ("watch_flood", {"other_watch": "RESOURCE_EXHAUSTED"}, "other_tenant_can_watch"),
     ("watch_flood", {"status_ms": {"a": 12.0, "b": None}}, "admin_status_answers"),
     ("watch_flood", {"status_ms": {"a": 1500.0}}, "admin_status_answers"),

@@ -18,13 +18,13 @@ from controlplane.bench.hostile import run_bench
 from controlplane.chaos import hostile as h
 
 EXPECTED = {
-    "poisoned_fence": "fail",      # signed fencing + adapter mTLS (issue 14, item 3)
-    "raft_frames": "fail",         # Raft mTLS + bounded transport (item 1, 2)
-    "fd_exhaustion": "fail",       # EMFILE: back off and re-accept (item 2)
-    "journal_corruption": "fail",  # checksummed journal (item 4)
-    "disk_full": "fail",           # a full disk is an error, not SIGBUS (item 4)
-    "watch_flood": "fail",         # per-tenant watch limits (item 5)
-    "object_flood": "fail",        # per-tenant object quota (item 5)
+    "poisoned_fence": "pass",      # signed fencing + adapter mTLS (issue 14, item 3)
+    "raft_frames": "pass",         # Raft mTLS + bounded transport (item 1, 2)
+    "fd_exhaustion": "pass",       # EMFILE: back off and re-accept (item 2)
+    "journal_corruption": "pass",  # checksummed journal (item 4)
+    "disk_full": "pass",           # a full disk is an error, not SIGBUS (item 4)
+    "watch_flood": "pass",         # per-tenant watch limits (item 5)
+    "object_flood": "pass",        # per-tenant object quota (item 5)
 }
 
 GLOBAL_CHECKS = {"keeps_committing", "no_lost_writes", "no_silent_divergence", "no_traceback"}

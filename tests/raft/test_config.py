@@ -39,8 +39,8 @@ def test_good_config_loads_with_defaults(tmp_path: Path) -> None:
     cfg = load_config(write(tmp_path, GOOD), env={})
     assert cfg.node_id == "coord-a"
     assert [p.node_id for p in cfg.peers] == ["coord-b", "coord-c"]
-    assert (cfg.raft_min_timeout_ms, cfg.raft_max_timeout_ms, cfg.append_entries_period_ms) == (150, 450, 40)
-    assert (cfg.leader_fallback_timeout_ms, cfg.connection_retry_ms) == (140, 200)
+    assert (cfg.raft_min_timeout_ms, cfg.raft_max_timeout_ms, cfg.append_entries_period_ms) == (1000, 1500, 40)
+    assert (cfg.leader_fallback_timeout_ms, cfg.connection_retry_ms) == (900, 200)
     assert (cfg.lease_duration_ms, cfg.lease_renew_ms, cfg.lease_margin_ms, cfg.drift_rho) == (1200, 250, 100, 0.01)
     assert (cfg.step_down_timeout_ms, cfg.commit_timeout_ms, cfg.tick_ms, cfg.fsync) == (2000, 1000, 250, "entry")
     assert cfg.holder_validity_ms == 1088
@@ -101,7 +101,7 @@ REJECTIONS: list[tuple[str, dict[str, Any], str, str]] = [
     ("fsync", {"fsync": "always"}, "fsync", "'none' or 'entry'"),
     ("raft min vs period", {"raft_min_timeout_ms": 120}, "raft_min_timeout_ms", "3*append_entries_period_ms"),
     ("raft max vs min", {"raft_max_timeout_ms": 150}, "raft_max_timeout_ms", "must exceed raft_min_timeout_ms"),
-    ("fallback above min", {"leader_fallback_timeout_ms": 151}, "leader_fallback_timeout_ms",
+    ("fallback above min", {"leader_fallback_timeout_ms": 1001}, "leader_fallback_timeout_ms",
      "at most raft_min_timeout_ms"),
     ("fallback below period", {"leader_fallback_timeout_ms": 40}, "leader_fallback_timeout_ms",
      "above append_entries_period_ms"),

@@ -119,8 +119,8 @@ def test_syncobj_conf_from_config(tmp_path: Path) -> None:
     assert conf.fullDumpFile == str(cfg.data_dir / "raft.snapshot")
     assert conf.dynamicMembershipChange and not conf.appendEntriesUseBatch and not conf.commandsWaitLeader
     assert conf.connectionTimeout >= 1e6 and conf.connectionRetryTime == 0.2
-    assert (conf.raftMinTimeout, conf.raftMaxTimeout, conf.appendEntriesPeriod) == (0.15, 0.45, 0.04)
-    assert conf.leaderFallbackTimeout == 0.14 and not conf.autoTick
+    assert (conf.raftMinTimeout, conf.raftMaxTimeout, conf.appendEntriesPeriod) == (1.0, 1.5, 0.04)
+    assert conf.leaderFallbackTimeout == 0.9 and not conf.autoTick
     # a restarted pod keeps its DNS name but not its IP: never dial a cached dead IP for minutes
     assert conf.dnsCacheTime == conf.dnsFailCacheTime == 1.0
     assert conf.serializer is not None and conf.deserializer is not None
