@@ -67,6 +67,11 @@ MAX_ENTRY_BYTES = 256 * 1024 * 1024
 """Largest payload a record may declare (far above any legal entry; a larger one is corrupt)."""
 MAX_META_BYTES = 64 * 1024
 DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG}
+FD_ERRNOS = {errno.EMFILE, errno.ENFILE}
+"""Out of file descriptors: a process-wide, passing condition (a connection flood), not a disk fault.
+The journal keeps the descriptors it needs for its durable writes open ahead of time (the journal,
+its directory, and the next metadata file), so only a deferrable write can meet it: the once-a-second
+commit-index store, which is retried at the next second instead of stopping the member."""
 
 Entry = tuple[bytes, int, int]
 
@@ -286,6 +291,11 @@ class RaftJournal(Journal):
         self._cut: int | None = None
         self._meta_dirty = False
         self._fd = -1
+        self._dir_fd = -1
+        self._spare_fd = -1
+        """The next metadata file (``.meta.tmp``), opened ahead so storing a term and vote needs no new
+        descriptor (see :data:`FD_ERRNOS`)."""
+        self._deferred = 0
         self._load()
 
     # --- load --------------------------------------------------------------------------------------
@@ -404,7 +414,7 @@ class RaftJournal(Journal):
 
     def onOneSecondTimer(self) -> None:  # noqa: N802
         if self._meta_dirty and not self.failed:
-            self._store_meta("storing the commit index")
+            self._store_meta("storing the commit index", deferrable=True)
 
     def flush(self) -> None:
         if self._fd >= 0 and not self.failed:
@@ -423,6 +433,11 @@ class RaftJournal(Journal):
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+        for name in ("_dir_fd", "_spare_fd"):
+            fd = getattr(self, name)
+            if fd >= 0:
+                os.close(fd)
+                setattr(self, name, -1)
 
     # --- ours -----------------------------------------------------------------------------------------
     @property
@@ -520,11 +535,20 @@ class RaftJournal(Journal):
         self._end = len(data)
         self._store_meta("storing metadata after a rewrite")
 
-    def _store_meta(self, what: str, watermark: int | None = None) -> None:
+    def _store_meta(self, what: str, watermark: int | None = None, *, deferrable: bool = False) -> None:
         try:
             self._write_meta(watermark)
         except OSError as exc:
+            if deferrable and exc.errno in FD_ERRNOS:  # the commit index is a hint: store it next second
+                if not self._deferred:
+                    log.warning("%s: %s deferred: %s (out of file descriptors; retried every second)",
+                                self.meta_path, what, errno.errorcode.get(exc.errno or 0, exc.errno))
+                self._deferred += 1
+                return
             raise self._fail(JournalWriteFailed(self.meta_path, what, exc)) from None
+        if self._deferred:
+            log.warning("%s: stored again after %d deferred attempt(s)", self.meta_path, self._deferred)
+            self._deferred = 0
 
     def _write_meta(self, watermark: int | None = None) -> None:
         """``journal_bytes`` = the journal's length now (every byte of it was fsync'ed by :meth:`add`),
@@ -532,7 +556,9 @@ class RaftJournal(Journal):
         self._meta = _replace(self._meta, journal_bytes=self._end if watermark is None else watermark)
         tmp = Path(str(self.meta_path) + ".tmp")
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            fd, self._spare_fd = self._spare_fd, -1
+            if fd < 0:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
                 self._disk.pwrite(fd, encode_meta(self._meta), 0)
                 self._sync(fd)
@@ -544,6 +570,10 @@ class RaftJournal(Journal):
             _unlink(tmp)
             raise
         self._meta_dirty = False
+        try:  # the next one, ahead of time (an empty .meta.tmp is never read)
+            self._spare_fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        except OSError:
+            self._spare_fd = -1  # opened at the next store instead
 
     def _sync(self, fd: int) -> None:
         if self._fsync:
@@ -551,7 +581,9 @@ class RaftJournal(Journal):
 
     def _sync_dir(self) -> None:
         if self._fsync:
-            self._timed(lambda: fsync_dir(self._dir))
+            if self._dir_fd < 0:  # kept open: a rename is made durable without a new descriptor
+                self._dir_fd = os.open(self._dir, os.O_RDONLY)
+            self._timed(lambda: os.fsync(self._dir_fd))
 
     def _timed(self, fn: Callable[[], object]) -> None:
         t0 = time.perf_counter()

@@ -107,10 +107,12 @@ class FaultClock:
 
 
 def _exit_with_parent() -> None:
-    """Exit when stdin (a pipe from the harness) closes: the parent died."""
+    """Exit when stdin (a pipe from the harness) closes: the parent died. It reads the raw descriptor:
+    a daemon thread blocked in ``sys.stdin.buffer`` holds that object's lock, and the interpreter's
+    shutdown then aborts with "Fatal Python error: _enter_buffered_busy" (seen on every clean stop)."""
     def watch() -> None:
         try:
-            while sys.stdin.buffer.read(1):
+            while os.read(0, 1):
                 pass
         except (OSError, ValueError):
             pass

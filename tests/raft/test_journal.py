@@ -330,3 +330,64 @@ def test_a_real_full_disk_is_an_error_and_a_restart_after_freeing_space_has_ever
     j2.add(payload, len(acked) + 1, 1)
     j2._destroy()
     assert list(reopen(path)[:]) == acked + [(payload, len(acked) + 1, 1)]
+
+
+def test_out_of_descriptors_stores_a_vote_and_defers_only_the_commit_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A connection flood that takes every descriptor (EMFILE) must not stop the member: the next
+    metadata file and the directory are held open ahead, so a term and vote are still stored durably,
+    and the once-a-second commit index (a hint) is retried instead of failing the journal."""
+    path = tmp_path / "raft.journal"
+    j = RaftJournal(path, fsync=True)
+    j.add(*entries(1, 1)[0])
+    j.setCurrentTerm(1, None)  # opens the directory and the spare metadata file
+    real_open = os.open
+
+    def no_descriptors(p: object, *args: object, **kwargs: object) -> int:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(os, "open", no_descriptors)
+    with caplog.at_level(logging.WARNING, logger="raft.journal"):
+        j.setCurrentTerm(2, "127.0.0.1:2")  # the vote: uses the spare, durable
+        j.setRaftCommitIndex(7)
+        j.onOneSecondTimer()  # no spare left, no descriptor: deferred
+        j.onOneSecondTimer()
+        assert j.failed == ""
+        assert sum("deferred" in r.getMessage() for r in caplog.records) == 1  # one line per burst
+        with pytest.raises(JournalWriteFailed, match="EMFILE"):  # a second vote now cannot be stored
+            j.setCurrentTerm(3, "127.0.0.1:3")
+    monkeypatch.setattr(os, "open", real_open)
+    assert j.failed  # a vote that could not be stored stops the member (it must not be sent)
+    j2 = RaftJournal(path, fsync=True)  # what is on disk: the stored vote, never the unstored one
+    assert (j2.getCurrentTerm(), j2.getVotedForNodeId()) == (2, "127.0.0.1:2")
+    j2._destroy()
+
+
+def test_a_deferred_commit_index_is_stored_when_descriptors_come_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "raft.journal"
+    j = RaftJournal(path, fsync=True)
+    j.add(*entries(1, 1)[0])
+    j.setCurrentTerm(1, None)
+    j.setRaftCommitIndex(1)
+    real_open = os.open
+
+    def no_descriptors(p: object, *args: object, **kwargs: object) -> int:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(os, "open", no_descriptors)
+    j.add(*entries(2, 2)[0])  # the journal's own descriptor is open: appends go on
+    j.setRaftCommitIndex(2)
+    j.onOneSecondTimer()  # stored through the spare; the next spare cannot be opened
+    j.add(*entries(3, 3)[0])
+    j.setRaftCommitIndex(3)
+    j.onOneSecondTimer()  # deferred
+    assert j.failed == "" and j._meta_dirty
+    monkeypatch.setattr(os, "open", real_open)
+    j.onOneSecondTimer()  # descriptors back: stored
+    j._destroy()
+    j2 = RaftJournal(path, fsync=True)
+    assert j2.getRaftCommitIndex() == 3 and len(j2) == 3
+    j2._destroy()
