@@ -210,10 +210,20 @@ class ControlLoop:
             return TickReport(now_ms, False, None, 0, 0, 0)
         facts = reconcile.facts(state, obs, self._failures, now_ms, self._cfg, self._rng,
                                 seen=self._seen, delivery=self._delivery)
-        self._failures = []
+        failures, self._failures = self._failures, []
         if any(isinstance(f, c.TransitionInstance) and f.event is InstanceEvent.LOST and f.at_ms == now_ms for f in facts):
             self._log_unreported(state, facts, now_ms)
-        self._commit(facts, now_ms)
+        try:
+            self._commit(facts, now_ms)
+        except TemporaryError:
+            # Not committed (a commit timeout on a loaded machine, leadership lost): what the facts
+            # were made of must not be consumed with them, or a ``drained``, a ``start_warmup`` or a
+            # failed create (whose instance then waits out ``pending_timeout_ms``) is lost for good.
+            # An unknown outcome that did commit is harmless: replayed reports older than the state
+            # and transitions it no longer allows change nothing.
+            self._hold(obs.reports, now_ms)
+            self._failures = (failures + self._failures)[:MAX_PENDING_FAILURES]
+            raise
         state = self._replicator.state  # a replicated state may be a copy: read it again
         plan = reconcile.plan(state, filtered, loads, now_ms, self._cfg)  # decide
         self.live_decisions = reconcile.live_decisions(plan, state, filtered, now_ms)  # before the commit
@@ -225,7 +235,8 @@ class ControlLoop:
         return TickReport(now_ms, True, plan, len(facts), sent, failed)
 
     def _hold(self, reports: Sequence[InstanceReport], now_ms: int) -> None:
-        """Keep the reports of a tick that does not act for the next one that does (bounded)."""
+        """Keep the reports of a tick that does not act (or whose facts did not commit) for the next
+        one that does (bounded)."""
         if not reports and not self._held_reports:
             return
         horizon = now_ms - REPORT_REPLAY_MS

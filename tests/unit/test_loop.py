@@ -18,7 +18,7 @@ from structlog.testing import capture_logs
 
 from controlplane.core import reconcile as r
 from controlplane.domain import commands as c
-from controlplane.domain.errors import NotFound, StaleEpoch, Unavailable
+from controlplane.domain.errors import CommitTimeout, NotFound, StaleEpoch, Unavailable
 from controlplane.domain.ids import (
     ClusterId,
     DeploymentId,
@@ -928,3 +928,42 @@ def test_commands_a_lapsed_lease_kept_from_being_sent_are_sent_when_this_node_ac
     assert rg.adapter.violations == []
     rg.loop.tick(T0 + 3 * TICK_MS)  # delivered: never sent again
     assert [s.command.instance.id for s in rg.adapter.sent].count(pending[1]) == 1
+
+
+@dataclass
+class FlakyReplicator:
+    """A LocalReplicator whose next ``fail`` commits raise CommitTimeout (nothing applied)."""
+
+    inner: LocalReplicator
+    fail: int = 0
+
+    @property
+    def state(self) -> ControlState:
+        return self.inner.state
+
+    def commit(self, commands: Sequence[c.Command], now_ms: int):
+        if self.fail > 0:
+            self.fail -= 1
+            raise CommitTimeout("commit timed out")
+        return self.inner.commit(commands, now_ms)
+
+
+def test_reports_and_send_failures_of_a_tick_whose_facts_did_not_commit_are_used_by_the_next() -> None:
+    """A facts commit that times out (TemporaryError: the coordinator skips the tick) must not consume
+    the reports and send failures it was made of: the next tick commits them."""
+    rg = rig(setup(min_replicas=2), fail=lambda cluster, cmd: Unavailable("down") if cmd.instance.id.endswith("-1") else None)
+    flaky = FlakyReplicator(rg.replicator)
+    loop = ControlLoop(flaky, rg.adapter, rg.source, rng=random.Random(5), authority=lambda now_ms: EPOCH)  # type: ignore[arg-type]
+    a, b = f"chat-{T0}-0", f"chat-{T0}-1"
+    loop.tick(T0)  # a sent; b's create fails (it must become lost and be replaced)
+    assert rg.state.instances[b].state is S.PENDING
+    rg.source.at(T0 + 1_000, reports=[report(a, ev, T0 + 500) for ev in (E.START_WARMUP, E.WARMED)])
+    flaky.fail = 1
+    with pytest.raises(CommitTimeout):
+        loop.tick(T0 + 1_000)
+    assert rg.state.instances[a].state is S.PENDING and rg.state.instances[b].state is S.PENDING
+    loop.tick(T0 + 1_250)
+    assert rg.state.instances[a].state is S.READY
+    assert b not in rg.state.instances  # lost (terminal states leave the state) ...
+    assert [t.to_state for t in rg.transitions if t.instance_id == b] == [S.FAILED]
+    assert sum(1 for i in rg.state.instances.values() if i.state is S.PENDING) == 1  # ... and replaced
