@@ -200,7 +200,8 @@ class ControlLoop:
         elif self._held_reports:
             held, self._held_reports = self._held_reports, []
             fresh = [rep for rep in held if rep.at_ms >= now_ms - REPORT_REPLAY_MS]
-            obs = dataclasses.replace(obs, reports=tuple(sorted(fresh + list(obs.reports), key=lambda rep: rep.at_ms)))
+            merged = sorted(fresh + list(obs.reports), key=lambda rep: rep.at_ms)
+            obs = dataclasses.replace(obs, reports=tuple(merged))
         state = self._replicator.state
         filtered, loads = self._filter(state, obs, now_ms)
         if epoch is None:

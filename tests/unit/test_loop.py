@@ -951,9 +951,13 @@ class FlakyReplicator:
 def test_reports_and_send_failures_of_a_tick_whose_facts_did_not_commit_are_used_by_the_next() -> None:
     """A facts commit that times out (TemporaryError: the coordinator skips the tick) must not consume
     the reports and send failures it was made of: the next tick commits them."""
-    rg = rig(setup(min_replicas=2), fail=lambda cluster, cmd: Unavailable("down") if cmd.instance.id.endswith("-1") else None)
+    def fail(cluster: ClusterId, cmd: AdapterCommand) -> Exception | None:
+        return Unavailable("down") if cmd.instance.id.endswith("-1") else None
+
+    rg = rig(setup(min_replicas=2), fail=fail)
     flaky = FlakyReplicator(rg.replicator)
-    loop = ControlLoop(flaky, rg.adapter, rg.source, rng=random.Random(5), authority=lambda now_ms: EPOCH)  # type: ignore[arg-type]
+    loop = ControlLoop(flaky, rg.adapter, rg.source, rng=random.Random(5),  # type: ignore[arg-type]
+                       authority=lambda now_ms: EPOCH)
     a, b = f"chat-{T0}-0", f"chat-{T0}-1"
     loop.tick(T0)  # a sent; b's create fails (it must become lost and be replaced)
     assert rg.state.instances[b].state is S.PENDING
