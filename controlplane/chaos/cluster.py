@@ -39,6 +39,16 @@ POLICY = {
     "panic_hold_ms": 1_000, "scale_down_stabilization_ms": 2_000, "scale_down_cooldown_ms": 300, "max_step_down": 8,
 }
 COLD_START_MS, WARM_START_MS = 400, 200
+MAX_QUEUE_MS = 5_000
+"""``max_queue_ms`` of the simulated deployment on every chaos adapter: how long an offered request
+waits at that adapter's gateway for an instance before it is dropped. Each adapter is its own
+simulator with its own arrivals and gateway, which reaches only that cluster's instances: while the
+deployment runs no instance on a cluster (all of them were placed on the other one), the requests
+offered there can only time out, and until they do the control loop counts them as demand. With the
+simulator's default (30 s, the settle wait) a ``high -> low`` run whose instances sat on one cluster
+kept its demand, hence ``max_replicas``, for the whole settle wait (docs/reliability.md, "Convergence
+failures beside CPU burners"). 5 s is still far above one tick, so the queue keeps driving ``high``
+to ``max_replicas``."""
 GPUS = 64
 ACT_DELAY_MS = 150
 """``fault_act_delay_ms`` of every coordinator: a pause between a tick's lease check and its first
@@ -110,7 +120,8 @@ class ChaosCluster:
                     "nvml": False, **security.adapter_fields(), "backend": "simulated",
                     "simulated": {"seed": 1000 + i, "deployments": [{
                         "deployment": DEPLOYMENT, "model": MODEL, "cold_start_ms": COLD_START_MS,
-                        "warm_start_ms": WARM_START_MS, "load": [{"at_s": 0, "rps": 0}]}]}}
+                        "warm_start_ms": WARM_START_MS, "max_queue_ms": MAX_QUEUE_MS,
+                        "load": [{"at_s": 0, "rps": 0}]}]}}
             path.write_text(yaml.safe_dump(acfg, sort_keys=False), encoding="utf-8")
             self.adapters.append(Proc(c["id"], "adapter", path, root / "chaos" / c["id"]))
         for proc in self.coords + self.adapters:

@@ -34,7 +34,7 @@ from controlplane.core.reconcile import LiveDecision
 from controlplane.domain import commands as c
 from controlplane.domain.errors import ControlPlaneError, StaleEpoch, TemporaryError
 from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId
-from controlplane.domain.instances import SERVING_STATES, Instance, InstanceEvent
+from controlplane.domain.instances import SERVING_STATES, Instance, InstanceEvent, InstanceState
 from controlplane.domain.observations import (
     InstanceReport,
     InstanceSample,
@@ -68,6 +68,8 @@ __all__ = ["ACTION_OF_EVENT", "ControlLoop", "FencedOut", "LiveDecision", "LoopS
 RETRIED_ACTIONS = ("sleep", "drain", "cancel")
 """Actions re-sent until delivered. A failed create or wake is not: ``facts`` declares the
 instance lost instead, and the plan replaces it."""
+MAX_HELD_REPORTS = 10_000
+"""Bound on lifecycle reports kept from ticks in which this loop did not act (oldest dropped first)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +149,15 @@ class ControlLoop:
         """Cluster -> stale-epoch answers its adapter gave this loop (the metric's counter)."""
         self._epoch_seen: int | None = None
         self._replayed_reports: list[InstanceReport] = []
+        self._held_reports: list[InstanceReport] = []
+        """Lifecycle reports gathered in ticks where this loop did not act (at most
+        ``REPORT_REPLAY_MS`` old, ``MAX_HELD_REPORTS``): handed to the next acting tick's ``facts``.
+        The gather consumes them, and the adapters' ring buffers are replayed only at a new epoch, so
+        a holder whose authority lapsed and came back with the *same* epoch (a renewal that came
+        late on a starved machine, a Raft step-down and re-election that adopts its own lease)
+        would otherwise lose every report of the gap for good: a ``drained`` left the instance
+        Draining, a ``start_warmup`` left it Pending (docs/reliability.md, "Convergence failures
+        beside CPU burners")."""
         self._seen: dict[InstanceId, int] = {}
         """Instance -> latest batch (its time) that named it by a sample or a report. Soft, kept by
         the lease holder only, and started afresh at each new epoch (``reconcile.unreported``)."""
@@ -184,6 +195,13 @@ class ControlLoop:
         if self._replayed_reports:
             obs = dataclasses.replace(obs, reports=tuple(self._replayed_reports) + obs.reports)
             self._replayed_reports = []
+        if epoch is None:
+            self._hold(obs.reports, now_ms)
+        elif self._held_reports:
+            held, self._held_reports = self._held_reports, []
+            fresh = [rep for rep in held if rep.at_ms >= now_ms - REPORT_REPLAY_MS]
+            merged = sorted(fresh + list(obs.reports), key=lambda rep: rep.at_ms)
+            obs = dataclasses.replace(obs, reports=tuple(merged))
         state = self._replicator.state
         filtered, loads = self._filter(state, obs, now_ms)
         if epoch is None:
@@ -193,10 +211,20 @@ class ControlLoop:
             return TickReport(now_ms, False, None, 0, 0, 0)
         facts = reconcile.facts(state, obs, self._failures, now_ms, self._cfg, self._rng,
                                 seen=self._seen, delivery=self._delivery)
-        self._failures = []
+        failures, self._failures = self._failures, []
         if any(isinstance(f, c.TransitionInstance) and f.event is InstanceEvent.LOST and f.at_ms == now_ms for f in facts):
             self._log_unreported(state, facts, now_ms)
-        self._commit(facts, now_ms)
+        try:
+            self._commit(facts, now_ms)
+        except TemporaryError:
+            # Not committed (a commit timeout on a loaded machine, leadership lost): what the facts
+            # were made of must not be consumed with them, or a ``drained``, a ``start_warmup`` or a
+            # failed create (whose instance then waits out ``pending_timeout_ms``) is lost for good.
+            # An unknown outcome that did commit is harmless: replayed reports older than the state
+            # and transitions it no longer allows change nothing.
+            self._hold(obs.reports, now_ms)
+            self._failures = (failures + self._failures)[:MAX_PENDING_FAILURES]
+            raise
         state = self._replicator.state  # a replicated state may be a copy: read it again
         plan = reconcile.plan(state, filtered, loads, now_ms, self._cfg)  # decide
         self.live_decisions = reconcile.live_decisions(plan, state, filtered, now_ms)  # before the commit
@@ -206,6 +234,15 @@ class ControlLoop:
         outgoing = self._retries(state, now_ms) + self._adapter_commands(plan.commands, result, before, epoch)
         sent, failed = self._send(outgoing, epoch, now_ms)
         return TickReport(now_ms, True, plan, len(facts), sent, failed)
+
+    def _hold(self, reports: Sequence[InstanceReport], now_ms: int) -> None:
+        """Keep the reports of a tick that does not act (or whose facts did not commit) for the next
+        one that does (bounded)."""
+        if not reports and not self._held_reports:
+            return
+        horizon = now_ms - REPORT_REPLAY_MS
+        held = [rep for rep in self._held_reports if rep.at_ms >= horizon] + list(reports)
+        self._held_reports = held[-MAX_HELD_REPORTS:]
 
     def _replay_recent(self, now_ms: int) -> None:
         """A new holder rebuilds its signal filters from the adapters' recent samples (their ring
@@ -388,6 +425,9 @@ class ControlLoop:
             if now_ms - since_ms > RETRY_WINDOW_MS:
                 del self._undelivered[rid]
                 continue
+            if cmd.action in UNSENT_ONLY and not _still_wanted(cmd, state):
+                del self._undelivered[rid]  # replaced, cancelled or reported since: nothing to start
+                continue
             rec = state.breakers.get(reconcile.cluster_key(cmd.instance.cluster))
             if rec is None or breaker.allows(rec, now_ms):
                 due.append(cmd)
@@ -395,9 +435,13 @@ class ControlLoop:
 
     def _send(self, outgoing: Sequence[AdapterCommand], epoch: int, now_ms: int) -> tuple[int, int]:
         sent = failed = 0
-        for cmd in outgoing:
+        for k, cmd in enumerate(outgoing):
             if self._authority(now_ms) != epoch:
-                break  # the lease lapsed during this tick (a slow commit, a pause): stop at once
+                # The lease lapsed during this tick (a slow commit, a pause): stop at once. The rest
+                # are committed but reached no adapter: keep them to send when this node acts again
+                # (a create nobody sends would hold its instance Pending for ``pending_timeout_ms``).
+                self._keep_unsent(outgoing[k:], now_ms)
+                break
             cid = cmd.instance.cluster
             if cid in self.fenced_out:  # its adapter holds a higher epoch: this cluster only gets nothing
                 failed += 1
@@ -425,6 +469,13 @@ class ControlLoop:
         self._stats["send_failures"] += failed
         return sent, failed
 
+    def _keep_unsent(self, unsent: Sequence[AdapterCommand], now_ms: int) -> None:
+        """Commands a lapsed lease kept from being sent at all: re-sent (same request id) by
+        ``_retries`` once this node acts again; nothing is fed to a breaker (no adapter failed)."""
+        for cmd in unsent:
+            if cmd.request_id not in self._undelivered and len(self._undelivered) < MAX_PENDING_FAILURES:
+                self._undelivered[cmd.request_id] = (cmd, now_ms)
+
     def _remember_failure(self, cmd: AdapterCommand, now_ms: int, refused: bool = False) -> None:
         if len(self._failures) < MAX_PENDING_FAILURES:
             self._failures.append(reconcile.SendFailure(cmd.instance.cluster, cmd.instance.id, cmd.action, now_ms,
@@ -447,3 +498,13 @@ class ControlLoop:
                 return None
             return AdapterCommand(rid, ACTION_OF_EVENT[cmd.event], inst, cmd.drain_deadline_ms)
         return None
+
+
+UNSENT_ONLY = {"create": InstanceState.PENDING, "wake": InstanceState.WARMING}
+"""Actions kept for re-sending only when a lapsed lease kept them from being sent at all, with the
+state their instance must still be in (a *failed* create or wake is declared lost instead)."""
+
+
+def _still_wanted(cmd: AdapterCommand, state: ControlState) -> bool:
+    inst = state.instances.get(cmd.instance.id)
+    return inst is not None and inst.state is UNSENT_ONLY[cmd.action]

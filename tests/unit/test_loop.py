@@ -18,7 +18,7 @@ from structlog.testing import capture_logs
 
 from controlplane.core import reconcile as r
 from controlplane.domain import commands as c
-from controlplane.domain.errors import NotFound, StaleEpoch, Unavailable
+from controlplane.domain.errors import CommitTimeout, NotFound, StaleEpoch, Unavailable
 from controlplane.domain.ids import (
     ClusterId,
     DeploymentId,
@@ -841,3 +841,133 @@ def test_standby_and_warming_instances_are_not_declared_lost_for_being_unsampled
     assert rg.state.instances[InstanceId("w1")].state is S.WARMING
     assert rg.state.instances[InstanceId("s1")].state is S.STANDBY
     assert [t for t in rg.transitions if t.event is E.LOST] == []
+
+
+# --- a lease that lapses and comes back with the same epoch ---------------------------------------
+# (docs/reliability.md, "Convergence failures beside CPU burners": on a starved machine a holder's
+# renewal comes late, or Raft steps it down and re-elects it, and it adopts its own lease again: the
+# epoch does not change, so no replay of the adapters' ring buffers happens.)
+
+
+class Switch:
+    """authority(): EPOCH while ``on``; ``off_after`` calls from now on it turns off by itself."""
+
+    def __init__(self) -> None:
+        self.on = True
+        self.off_after: int | None = None
+
+    def __call__(self, now_ms: int) -> int | None:
+        if self.off_after is not None:
+            if self.off_after <= 0:
+                self.on, self.off_after = False, None
+            else:
+                self.off_after -= 1
+        return EPOCH if self.on else None
+
+
+def test_reports_gathered_while_the_lease_lapsed_are_committed_when_the_same_epoch_acts_again() -> None:
+    auth = Switch()
+    rg = rig(setup(min_replicas=2), authority=auth)
+    a, b = f"chat-{T0}-0", f"chat-{T0}-1"
+    rg.loop.tick(T0)  # two creates, sent
+    rg.source.at(T0 + 1_000, reports=[report(i, ev, T0 + 500) for i in (a, b) for ev in (E.START_WARMUP, E.WARMED)])
+    rg.loop.tick(T0 + 1_000)
+    rg.commit(chat(1))
+    rep = rg.loop.tick(T0 + 2_000)
+    (victim,) = [i for action, i in actionable(rep.plan) if action == "drain"]
+    assert rg.state.instances[victim].state is S.DRAINING
+
+    # The lease lapses; the adapter's "drained" arrives in that gap (the gather consumes it).
+    auth.on = False
+    rg.source.at(T0 + 2_250, reports=[report(victim, E.DRAINED, T0 + 2_100)])
+    assert not rg.loop.tick(T0 + 2_250).acted
+    # Back, same epoch: no new-epoch replay, yet the report is not lost.
+    auth.on = True
+    rep = rg.loop.tick(T0 + 2_500)
+    assert rep.acted and rep.facts >= 1
+    assert victim not in rg.state.instances  # Terminated (it leaves the state)
+    assert [t.to_state for t in rg.transitions if t.instance_id == victim][-1] is S.TERMINATED
+    assert rg.loop.statistics().replayed_epochs == 0
+
+
+def test_held_reports_are_bounded_by_age() -> None:
+    auth = Switch()
+    auth.on = False
+    rg = rig(setup(min_replicas=1), authority=auth)
+    for k in range(3):
+        rg.source.at(T0 + k * TICK_MS, reports=[report(f"x{k}", E.LOST, T0 + k * TICK_MS)])
+        rg.loop.tick(T0 + k * TICK_MS)
+    later = T0 + REPORT_REPLAY_MS + 1_000
+    rg.loop.tick(later)
+    assert rg.loop._held_reports == []  # all older than the replay horizon
+
+
+def test_commands_a_lapsed_lease_kept_from_being_sent_are_sent_when_this_node_acts_again() -> None:
+    """Three creates committed; the lease lapses after the first is sent. The other two reached no
+    adapter: they are sent (same request ids) when the node acts again, nothing is declared lost and
+    no breaker counts a failure. One of them, meanwhile declared lost, is not sent."""
+    auth = Switch()
+    auth.off_after = 2  # the tick's check and the first send
+    rg = rig(setup(min_replicas=3), authority=auth)
+    rg.loop.tick(T0)
+    assert len(rg.adapter.sent) == 1
+    first = rg.adapter.sent[0].command.instance.id
+    pending = sorted(i for i in rg.state.instances if i != first)
+    assert len(pending) == 2
+    assert not rg.loop.tick(T0 + TICK_MS).acted
+    rg.commit(c.TransitionInstance(InstanceId(pending[0]), E.LOST, T0 + 300))  # meanwhile (another holder)
+
+    auth.on = True
+    rg.loop.tick(T0 + 2 * TICK_MS)
+    later = [s.command for s in rg.adapter.sent[1:]]
+    assert later[0].action == "create" and later[0].instance.id == pending[1]
+    assert later[0].request_id == f"e{EPOCH}-r3"  # the request id it was given when committed
+    assert pending[0] not in [cmd.instance.id for cmd in later]  # lost meanwhile: not started
+    assert rg.state.instances[pending[1]].state is S.PENDING  # not declared lost
+    assert all(rec.failures == 0 for rec in rg.state.breakers.values())
+    assert rg.adapter.violations == []
+    rg.loop.tick(T0 + 3 * TICK_MS)  # delivered: never sent again
+    assert [s.command.instance.id for s in rg.adapter.sent].count(pending[1]) == 1
+
+
+@dataclass
+class FlakyReplicator:
+    """A LocalReplicator whose next ``fail`` commits raise CommitTimeout (nothing applied)."""
+
+    inner: LocalReplicator
+    fail: int = 0
+
+    @property
+    def state(self) -> ControlState:
+        return self.inner.state
+
+    def commit(self, commands: Sequence[c.Command], now_ms: int):
+        if self.fail > 0:
+            self.fail -= 1
+            raise CommitTimeout("commit timed out")
+        return self.inner.commit(commands, now_ms)
+
+
+def test_reports_and_send_failures_of_a_tick_whose_facts_did_not_commit_are_used_by_the_next() -> None:
+    """A facts commit that times out (TemporaryError: the coordinator skips the tick) must not consume
+    the reports and send failures it was made of: the next tick commits them."""
+    def fail(cluster: ClusterId, cmd: AdapterCommand) -> Exception | None:
+        return Unavailable("down") if cmd.instance.id.endswith("-1") else None
+
+    rg = rig(setup(min_replicas=2), fail=fail)
+    flaky = FlakyReplicator(rg.replicator)
+    loop = ControlLoop(flaky, rg.adapter, rg.source, rng=random.Random(5),  # type: ignore[arg-type]
+                       authority=lambda now_ms: EPOCH)
+    a, b = f"chat-{T0}-0", f"chat-{T0}-1"
+    loop.tick(T0)  # a sent; b's create fails (it must become lost and be replaced)
+    assert rg.state.instances[b].state is S.PENDING
+    rg.source.at(T0 + 1_000, reports=[report(a, ev, T0 + 500) for ev in (E.START_WARMUP, E.WARMED)])
+    flaky.fail = 1
+    with pytest.raises(CommitTimeout):
+        loop.tick(T0 + 1_000)
+    assert rg.state.instances[a].state is S.PENDING and rg.state.instances[b].state is S.PENDING
+    loop.tick(T0 + 1_250)
+    assert rg.state.instances[a].state is S.READY
+    assert b not in rg.state.instances  # lost (terminal states leave the state) ...
+    assert [t.to_state for t in rg.transitions if t.instance_id == b] == [S.FAILED]
+    assert sum(1 for i in rg.state.instances.values() if i.state is S.PENDING) == 1  # ... and replaced
