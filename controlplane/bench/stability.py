@@ -108,12 +108,14 @@ class _Member:
 
 def member_configs(base: Path, overrides: dict[str, Any]) -> list[dict[str, Any]]:
     from controlplane.cli.up import free_ports
+    from controlplane.tls import make_raft_pki
 
     ports = free_ports(6)
     members = [{"node_id": f"coord-{i}", "zone": f"az-{i}", "raft_address": f"127.0.0.1:{ports[2 * i]}",
                 "api_address": f"127.0.0.1:{ports[2 * i + 1]}"} for i in range(3)]
+    pki = make_raft_pki(base / "pki", [str(m["node_id"]) for m in members])  # mutual TLS, as in production
     return [{**m, "peers": [p for p in members if p is not m], "data_dir": str(base / m["node_id"]),
-             "password": PASSWORD, **overrides} for m in members]
+             "password": PASSWORD, "raft_tls": pki.tls_fields(str(m["node_id"])), **overrides} for m in members]
 
 
 def merge(reports: list[dict[str, Any]], group_start_s: float, spawn_s: float) -> dict[str, Any]:

@@ -26,28 +26,25 @@ from raft.tickwatch import TickWatch
 SAMPLE_S = 0.02
 
 
-def _observe_inbound(node: RaftNode, watch: TickWatch, ids: dict[str, str]) -> None:
-    """Measurement only: route pysyncobj's decoded inbound messages through ``watch.admit`` first.
-    Reaches pysyncobj's private transport (the project's own transport will call an InboundFilter
-    instead, with the same signature)."""
-    transport = node._obj._SyncObj__transport  # type: ignore[union-attr]
-    inner = transport._onMessageReceivedCallback
+class _NamedWatch:
+    """The transport's ``InboundFilter`` seam (raft/transport.py): hands every decoded inbound message
+    to ``watch`` with the sender's node id (the transport names peers by Raft address); admits all."""
 
-    def cb(peer: Any, message: Any) -> None:
-        addr = str(getattr(peer, "id", peer))
-        watch.admit(ids.get(addr, addr), message, time.monotonic())
-        inner(peer, message)
+    def __init__(self, watch: TickWatch, ids: dict[str, str]) -> None:
+        self._watch, self._ids = watch, ids
 
-    transport.setOnMessageReceivedCallback(cb)
+    def admit(self, sender: str, message: object, now_s: float) -> bool:
+        self._watch.admit(self._ids.get(sender, sender), message, now_s)
+        return True
 
 
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     cfg = load_config(argv[1])
-    node = RaftNode(cfg)
     watch = TickWatch(cfg.node_id, time.monotonic)
     gc.callbacks.append(watch.gc_callback)
     addr_to_id = {m.raft_address: m.node_id for m in cfg.members()}
+    node = RaftNode(cfg, inbound_filter=_NamedWatch(watch, addr_to_id))
 
     def on_tick(st: RaftStatus) -> None:
         watch.observe_tick(time.monotonic(), st.role, st.term, st.leader_id)
@@ -55,7 +52,6 @@ def main(argv: list[str]) -> int:
     node.add_tick_observer(on_tick)
     guard = LeaseGuard(node)
     node.start()
-    _observe_inbound(node, watch, addr_to_id)
     guard.start()
     started = time.monotonic()
     first_auth: list[float] = []

@@ -354,7 +354,9 @@ def test_after_emfile_on_accept_the_member_accepts_again_and_the_group_regains_q
         assert held > 0
         b.start()  # b dials a: a's accept() fails with EMFILE
         wait_until(lambda: a.ask("transport")["counters"]["emfile_backoffs"] >= 3, 15.0, "repeated accept() back-offs on a")
-        assert a.ask("status")["leader"] is None  # no quorum while a cannot accept
+        # no quorum while a cannot accept: once its election timer (or, as leader, its check-quorum)
+        # expires it has no leader, and it cannot get one back until it accepts again
+        wait_until(lambda: a.ask("status")["leader"] is None, 15.0, "a to be without a leader while it cannot accept")
         a.ask("release")
         holder, _ = wait_holder([a, b], 30.0)
         assert holder.ask("commit 0 5", timeout_s=30) == {"ok": True, "done": 5}

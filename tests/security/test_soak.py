@@ -36,7 +36,11 @@ def test_a_short_soak_samples_every_process_and_writes_its_report(tmp_path: Path
     last = r["samples"][-1]
     for name in r["long_lived"]:
         assert last["procs"][name]["rss_kib"] > 10_000 and last["procs"][name]["fds"] > 3, name
-    assert all(last["data"][n]["journal_logical_bytes"] > 0 and last["data"][n]["journal_entries"] > 0 for n in r["nodes"])
+    # every member's journal was read with entries in it (at some sample: right after a compaction or
+    # a restart a journal may hold none, and the last sample can fall there)
+    assert all(any(s["data"][n]["journal_logical_bytes"] > 0 and s["data"][n]["journal_entries"] > 0 for s in r["samples"])
+               for n in r["nodes"])
+    assert all(last["data"][n]["journal_logical_bytes"] > 0 for n in r["nodes"])  # the header at least: readable
     assert r["faults"] and r["faults"][0]["kind"] == "leader" and r["faults"][0]["action"] in ("sigstop", "kill -9 + restart")
     assert r["writes"]["ok"] > 0
     v = r["verdict"]
