@@ -19,14 +19,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-
-def _readable(path: Path) -> str | None:
-    try:
-        with path.open("rb") as f:
-            f.read(1)
-    except OSError as exc:
-        return f"cannot read {str(path)!r}: {exc.strerror or exc}"
-    return None
+from controlplane.files import file_problem
 
 
 class AdapterTlsConfig(BaseModel):
@@ -45,7 +38,7 @@ class AdapterTlsConfig(BaseModel):
     @field_validator("ca_file", "cert_file", "key_file")
     @classmethod
     def _file(cls, value: Path) -> Path:
-        problem = _readable(value)
+        problem = file_problem(value)
         if problem:
             raise ValueError(problem)
         return value

@@ -66,6 +66,7 @@ from pydantic import ValidationError as PydanticValidationError
 
 from controlplane.adapter_channel import AdapterTlsConfig, adapter_channel_problems, fence_key_problem
 from controlplane.domain.errors import PermanentError, ValidationError
+from controlplane.files import file_problem
 from controlplane.domain.ids import id_problem
 from controlplane.domain.tokens import parse_token
 from controlplane.specs import DeploymentBase, TenantSpec, deployment_of, tenant_of
@@ -202,16 +203,6 @@ def is_loopback_address(address: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def file_problem(path: Path) -> str | None:
-    """Why ``path`` cannot be read, or None."""
-    try:
-        with path.open("rb") as f:
-            f.read(1)
-    except OSError as exc:
-        return f"cannot read {str(path)!r}: {exc.strerror or exc}"
-    return None
 
 
 def read_token_file(path: Path, min_len: int = 1) -> str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -145,9 +146,15 @@ def _abort_catching_up_stream(request: object, context: grpc.ServicerContext):
 def _refusing_handler(handler: grpc.RpcMethodHandler, catching_up: bool = False) -> grpc.RpcMethodHandler:
     """A handler of the same shape as ``handler`` that answers UNAUTHENTICATED (UNAVAILABLE while
     the replica is catching up)."""
-    de, ser = handler.request_deserializer, handler.response_serializer
     unary, stream = ((_abort_catching_up, _abort_catching_up_stream) if catching_up
                      else (_abort_unauthenticated, _abort_unauthenticated_stream))
+    return same_shape_handler(handler, unary, stream)
+
+
+def same_shape_handler(handler: grpc.RpcMethodHandler, unary: Any, stream: Any) -> grpc.RpcMethodHandler:
+    """``unary`` / ``stream`` (behaviours that answer without a response message) wrapped in a handler
+    of ``handler``'s streaming shape, with its (de)serializers."""
+    de, ser = handler.request_deserializer, handler.response_serializer
     if handler.request_streaming and handler.response_streaming:
         return grpc.stream_stream_rpc_method_handler(stream, de, ser)
     if handler.request_streaming:

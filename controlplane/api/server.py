@@ -64,6 +64,7 @@ from controlplane.api.auth import (
     Principal,
     Unauthenticated,
     bearer_of,
+    same_shape_handler,
 )
 from controlplane.api.channel import channel_options
 from controlplane.api.v1 import admin_pb2, admin_pb2_grpc, api_pb2, api_pb2_grpc
@@ -1274,14 +1275,7 @@ class StoppedInterceptor(grpc.ServerInterceptor):
             context.abort(grpc.StatusCode.UNAVAILABLE, reason)
             yield  # pragma: no cover
 
-        de, ser = handler.request_deserializer, handler.response_serializer
-        if handler.request_streaming and handler.response_streaming:
-            return grpc.stream_stream_rpc_method_handler(stream, de, ser)
-        if handler.request_streaming:
-            return grpc.stream_unary_rpc_method_handler(unary, de, ser)
-        if handler.response_streaming:
-            return grpc.unary_stream_rpc_method_handler(stream, de, ser)
-        return grpc.unary_unary_rpc_method_handler(unary, de, ser)
+        return same_shape_handler(handler, unary, stream)
 
 
 @dataclass

@@ -60,6 +60,8 @@ from typing import Any
 
 import yaml
 
+from controlplane.procfs import open_fds, rss_kib
+
 CALM_RPS, BURST_RPS = 3.0, 30.0
 BURST_S, CYCLE_S = 30, 90
 DOWN_S = 5.0
@@ -90,25 +92,6 @@ class SoakError(Exception):
 
 
 # --- sampling (pure reads of /proc and the data dirs) ---------------------------------------------
-
-
-def rss_kib(pid: int) -> int | None:
-    """Resident memory of ``pid`` in KiB (``VmRSS``), None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def open_fds(pid: int) -> int | None:
-    try:
-        return len(os.listdir(f"/proc/{pid}/fd"))
-    except OSError:
-        return None
 
 
 def _size(path: Path) -> int:

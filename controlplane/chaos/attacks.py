@@ -28,6 +28,8 @@ from typing import Any
 import grpc
 import yaml
 
+from controlplane.procfs import open_fds, rss_kib
+
 FRAME_HEADER = struct.Struct("<i")
 """pysyncobj frames a message as a 4-byte signed native (little-endian here) length, then the bytes."""
 CHUNK = 16 * 1024
@@ -44,20 +46,8 @@ FLIP_PATTERN = re.compile(rb'"priority":1([,}])')
 
 
 def rss_mib(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        return None
-    return None
-
-
-def open_fds(pid: int) -> int | None:
-    try:
-        return len(os.listdir(f"/proc/{pid}/fd"))
-    except OSError:
-        return None
+    kib = rss_kib(pid)
+    return None if kib is None else round(kib / 1024, 1)
 
 
 def limit_fds(pid: int, limit: int) -> None:
