@@ -9,19 +9,15 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import grpc
 import pytest
 from grpc_status import rpc_status
 
 from controlplane.api.v1 import admin_pb2, api_pb2
-from controlplane.config import CoordinatorConfig
 from controlplane.coordinator import Coordinator
-from controlplane.tokens import new_token
-from tests.raft.cluster import cluster_configs
 from tests.support.waiting import wait_until
-from tests.unit.test_api_server import Api, deployment_msg, tenant_msg
+from tests.unit.test_api_server import Api, deployment_msg, started_group, tenant_msg
 
 S = grpc.StatusCode
 LIMITS = dict(api_max_watches=10, api_max_watches_per_tenant=3, api_admin_reserve=2, api_max_deployments_per_tenant=5,
@@ -42,30 +38,13 @@ class Group:
 
 @pytest.fixture(scope="module")
 def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Group]:
-    base: Path = tmp_path_factory.mktemp("limits")
-    token, _, _ = new_token()
-    (base / "admin.token").write_text(token + "\n", encoding="utf-8")
-    [raw] = cluster_configs(base, 1, admin_token_file=str(base / "admin.token"), **LIMITS)
-    co = Coordinator(CoordinatorConfig.model_validate(raw))
-    co.start()
-    try:
-        g = Group(co, token)
-
-        def ready() -> bool:
-            try:
-                return g.admin.tokens.WhoAmI(api_pb2.WhoAmIRequest(), timeout=2).role == "admin"
-            except grpc.RpcError:
-                return False
-
-        wait_until(ready, 20.0, "the bootstrap admin token to be registered")
+    with started_group(tmp_path_factory.mktemp("limits"), Group, **LIMITS) as g:
         for name in ("alpha", "bravo", "carol"):
             g.admin.tenants.CreateTenant(api_pb2.CreateTenantRequest(tenant=tenant_msg(name, quota={"h100": 4})), timeout=10)
             g.tenant[name] = Api(g.endpoint, g.token_for(name))
         g.admin.deployments.ApplyDeployment(api_pb2.ApplyDeploymentRequest(deployment=deployment_msg("chat", "alpha")),
                                             timeout=10)
         yield g
-    finally:
-        co.stop()
 
 
 def _error(call, *args, **kwargs) -> grpc.RpcError | None:  # type: ignore[no-untyped-def]

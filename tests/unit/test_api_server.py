@@ -9,9 +9,10 @@ changes only through the calls the tests make and the loop's decisions."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import pytest
@@ -91,16 +92,20 @@ class Group:
         return {k: v for k, v in snap.items() if k in keep}
 
 
-@pytest.fixture(scope="module")
-def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Group]:
-    base: Path = tmp_path_factory.mktemp("api")
+G = TypeVar("G")
+
+
+@contextmanager
+def started_group(base: Path, make: Callable[[Coordinator, str], G], **overrides: Any) -> Iterator[G]:
+    """One in-process coordinator under ``base`` with a bootstrap admin token (``overrides`` go into
+    its configuration), wrapped by ``make(coordinator, admin_token)`` once the token is registered."""
     token, _, _ = new_token()
     (base / "admin.token").write_text(token + "\n", encoding="utf-8")
-    [raw] = cluster_configs(base, 1, admin_token_file=str(base / "admin.token"))
+    [raw] = cluster_configs(base, 1, admin_token_file=str(base / "admin.token"), **overrides)
     co = Coordinator(CoordinatorConfig.model_validate(raw))
     co.start()
     try:
-        g = Group(co, token)
+        g: Any = make(co, token)
 
         def ready() -> bool:
             try:
@@ -109,6 +114,14 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Group]:
                 return False
 
         wait_until(ready, 20.0, "the bootstrap admin token to be registered")
+        yield g
+    finally:
+        co.stop()
+
+
+@pytest.fixture(scope="module")
+def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Group]:
+    with started_group(tmp_path_factory.mktemp("api"), Group) as g:
         a = g.admin
         for name in ("a", "b"):
             a.tenants.CreateTenant(api_pb2.CreateTenantRequest(tenant=tenant_msg(name, quota={"h100": 4})), timeout=10)
@@ -117,8 +130,6 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Group]:
         a.clusters.RegisterCluster(api_pb2.RegisterClusterRequest(cluster=api_pb2.Cluster(
             metadata=api_pb2.ObjectMeta(name="c1"), spec=api_pb2.ClusterSpec(zone="z1", capacity={"a100": 8}))), timeout=10)
         yield g
-    finally:
-        co.stop()
 
 
 # --- every method, every principal ---------------------------------------------------------------------------
