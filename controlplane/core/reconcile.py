@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 
 from controlplane.core import breaker as br
 from controlplane.core import placement, preemption, scaling
+from controlplane.core.allocator import AllocationRequest, Allocator, bound_placer
 from controlplane.core.signals import FilteredSignals
 from controlplane.domain import commands as c
 from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId, PoolId
@@ -123,6 +124,10 @@ class ReconcileConfig:
     """Replaces :func:`decide` for every deployment (None, the production default: ``core.scaling``).
     The simulator plugs its baseline autoscalers (HPA, KPA, static, oracle) in here; the rest of
     the plan (allocation, preemption, warm pool, placement) is the same for every policy."""
+    allocator: Allocator | None = field(default=None, compare=False)
+    """Replaces the allocation, the victim choice, the warm grants and the placement of new instances
+    (None, the production default: ``core.preemption`` and ``core.placement``); see
+    :mod:`controlplane.core.allocator`. The simulator's Kubernetes-scheduler baseline plugs in here."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +165,8 @@ class Plan:
     """Per deployment: (id, serving replicas granted, warm-pool instances granted)."""
     notes: tuple[str, ...] = ()
     """Why something wanted could not be done this tick (no capacity, all clusters blocked...)."""
+    preemptions: tuple[tuple[DeploymentId, DeploymentId, int], ...] = ()
+    """``(beneficiary, victim, replicas)`` preempted this tick (by the allocation or the allocator)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -383,6 +390,8 @@ class _Tick:
     notes: list[str] = field(default_factory=list)
     memories: list[tuple[DeploymentId, ScaleMemory]] = field(default_factory=list)
     """Scale memories the decisions changed: committed as one ``PutScaleMemories``."""
+    place: Callable[..., placement.Placement] = placement.place
+    """Chooses the clusters of new instances (an allocator's bindings when one is configured)."""
 
 
 def plan(
@@ -408,6 +417,8 @@ def plan(
     # One counting pass over each deployment's instances serves the demand and tells converge which
     # deployments are steady (the state is not changed while planning).
     counts = {d.id: _scan(state, d.id, loads, evacuating) for d in deployments}
+    if cfg.allocator is not None:
+        return _plan_allocated(tick, cfg.allocator, deployments, decisions, counts, loads)
     allocation = preemption.allocate(
         state.tenants, [_demand_of(d, decisions[d.id].target, counts[d.id]) for d in deployments],
         _healthy_capacity(state, tick.breakers, now_ms), now_ms, explain=False,
@@ -441,13 +452,53 @@ def plan(
         if d.deleting and next(state.instances_of(did), None) is None:
             tick.commands.append(c.RemoveDeployment(did))  # the finalizer: nothing of it is left
         grants.append((did, grant, w))
+    return _finish(tick, decisions, grants, allocation.preemptions)
+
+
+def _finish(
+    tick: _Tick,
+    decisions: Mapping[DeploymentId, scaling.ScaleDecision],
+    grants: list[tuple[DeploymentId, int, int]],
+    preemptions: tuple[tuple[DeploymentId, DeploymentId, int], ...],
+) -> Plan:
     cmds = tick.breakers.commands()
     if tick.memories:
         # One command for every changed memory, ahead of the deployments' other commands (a
         # ``RemoveDeployment`` of this tick comes after its memory, as it did per deployment).
         cmds.append(c.PutScaleMemories(tuple(tick.memories)))
     cmds += tick.commands
-    return Plan(tuple(cmds), tuple(decisions.items()), tuple(grants), tuple(tick.notes))
+    return Plan(tuple(cmds), tuple(decisions.items()), tuple(grants), tuple(tick.notes), preemptions)
+
+
+def _plan_allocated(
+    tick: _Tick,
+    allocator: Allocator,
+    deployments: Sequence[Deployment],
+    decisions: Mapping[DeploymentId, scaling.ScaleDecision],
+    counts: Mapping[DeploymentId, _Counts],
+    loads: Mapping[InstanceId, float],
+) -> Plan:
+    """The rest of :func:`plan` with an external allocator: its grants (no warm pool), its victims
+    and its bindings (the clusters of the instances created this tick)."""
+    state = tick.state
+    out = allocator.allocate(AllocationRequest(
+        state, tuple(deployments), {d.id: decisions[d.id].target for d in deployments},
+        {d.id: counts[d.id][0] for d in deployments}, tick.evacuating, tick.now_ms, tick.cfg.preemption_grace_ms,
+    ))
+    tick.place = bound_placer(out.bindings)
+    by_dep: dict[DeploymentId, list[preemption.Victim]] = {}
+    for v in out.victims:
+        by_dep.setdefault(v.deployment_id, []).append(v)
+    grants = []
+    for d in deployments:
+        dec = decisions[d.id]
+        grant = out.grants.get(d.id, dec.target)
+        _record_decision(tick, d, dec, grant, 0)
+        _converge(tick, d, grant, 0, by_dep.get(d.id, []), loads, dec.target, counts[d.id])
+        if d.deleting and next(state.instances_of(d.id), None) is None:
+            tick.commands.append(c.RemoveDeployment(d.id))
+        grants.append((d.id, grant, 0))
+    return _finish(tick, decisions, grants, tuple(out.preemptions))
 
 
 def current_replicas(state: ControlState, d: Deployment) -> int:
@@ -765,7 +816,7 @@ def _create(tick: _Tick, d: Deployment, count: int, existing: Sequence[Instance]
             rec = tick.breakers.get(key)
             if rec.phase is not BreakerPhase.CLOSED:
                 tick.breakers.put(key, br.on_probe(rec, tick.now_ms, tick.cfg.breaker))
-    placed = placement.place(d, count - len(chosen), clusters, free, existing, blocked, tick.state.zones)
+    placed = tick.place(d, count - len(chosen), clusters, free, existing, blocked, tick.state.zones)
     chosen += placed.clusters
     if placed.unplaced:
         tick.notes.append(f"{d.id}: {placed.unplaced} of {count} new instances not placed: {placed.reason}")

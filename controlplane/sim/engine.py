@@ -18,6 +18,7 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from controlplane.core import placement, scaling
+from controlplane.core.allocator import Allocator
 from controlplane.core.reconcile import ReconcileConfig, current_replicas
 from controlplane.core.signals import FilteredSignals
 from controlplane.domain import commands as c
@@ -74,10 +75,14 @@ class Simulation:
         progress: Callable[[int, int], None] | None = None,
         logger: object | None = None,
         policy: ReplicaPolicy | None = None,
+        allocator: Allocator | None = None,
     ) -> None:
         """``policy``: a baseline autoscaler (:mod:`controlplane.sim.baselines`) that sets every
         deployment's replica target instead of ``core.scaling`` (None: this project's policy). The
-        rest of the control loop (allocation, placement, lifecycle) is the same either way."""
+        rest of the control loop (allocation, placement, lifecycle) is the same either way.
+        ``allocator``: replaces the product's allocation of scarce GPUs, preemption and placement
+        (``ReconcileConfig.allocator``; e.g. :class:`controlplane.sim.kube.KubeScheduler`); None: the
+        product's own."""
         self.scenario = scenario
         self.seed = seed
         self._policy = policy
@@ -109,9 +114,10 @@ class Simulation:
         self.state = ControlState()
         self.replicator = LocalReplicator(self.state, self._on_transitions)
         self._source = _Source(self.fleet, self.tick_ms)
-        config = ReconcileConfig(preemption_grace_ms=spec.preemption_grace_ms)
-        if policy is not None:
-            config = ReconcileConfig(preemption_grace_ms=spec.preemption_grace_ms, decider=self._decide_by_policy)
+        config = ReconcileConfig(
+            preemption_grace_ms=spec.preemption_grace_ms,
+            decider=self._decide_by_policy if policy is not None else None, allocator=allocator,
+        )
         self.loop = ControlLoop(
             self.replicator, self.fleet, self._source, rng=random.Random(f"{seed}:control"), config=config,
         )
