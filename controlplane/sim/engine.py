@@ -86,6 +86,10 @@ class Simulation:
         self.scenario = scenario
         self.seed = seed
         self._policy = policy
+        self._allocator = allocator
+        self._spec: dict[DeploymentId, int] = {}
+        """With an allocator: each deployment's latest replica target (its ``spec.replicas``), which
+        a baseline policy reads as ``PolicyView.current`` (the grant may be lower: pods Pending)."""
         self._progress = progress
         spec = scenario.spec
         self.tick_ms = spec.tick_ms
@@ -184,8 +188,12 @@ class Simulation:
             pods.append(PodView(inst.id, inst.state, None if s is None else float(s.running + s.waiting)))
         gateway = dict(obs.gateway_waiting).get(d.id, 0) if obs is not None else 0
         current = current_replicas(state, d)
+        if self._allocator is not None:
+            current = self._spec.get(d.id, current)
         want = self._policy.target(d, PolicyView(current, tuple(pods), gateway), now_ms)
         target = min(max(want, d.min_replicas), d.max_replicas)
+        if self._allocator is not None:
+            self._spec[d.id] = target
         if target > current:
             reason = scaling.ScaleReason.SCALE_UP
         elif target < current:
