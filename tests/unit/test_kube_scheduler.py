@@ -376,3 +376,29 @@ def test_same_inputs_same_decisions() -> None:
         return outs
 
     assert run() == run()
+
+
+# --- the seam in the plan ---------------------------------------------------------------------------
+
+
+def test_the_product_allocation_reports_its_preemptions_in_the_plan() -> None:
+    state = fleet({"c1": 4}, {"hi-t": 100, "lo-t": 10}, {"hi": ("hi-t", 1), "lo": ("lo-t", 1)},
+                  quota={"hi-t": (4, 0), "lo-t": (0, 4)})
+    for k in range(4):
+        add(state, f"lo-{k}", "lo", "c1")
+    targets = {"hi": 2, "lo": 4}
+    cfg = r.ReconcileConfig(decider=lambda st, d, sig, now: _target(st, d, targets[d.id]))
+    p = r.plan(state, {d: None for d in state.deployments}, {}, T0, cfg)
+    assert p.preemptions == (("hi", "lo", 2),)
+    assert len([cmd for cmd in p.commands if isinstance(cmd, c.TransitionInstance) and cmd.preempted]) == 2
+
+
+def test_a_node_behind_an_open_breaker_gets_no_pods() -> None:
+    from controlplane.core import breaker as br
+    from controlplane.domain.records import BreakerPhase, BreakerRecord
+
+    state = fleet({"c1": 4, "c2": 4}, {"a": 10}, {"d": ("a", 1)})
+    rec = BreakerRecord(BreakerPhase.OPEN, trips=1, open_until_ms=T0 + 60_000, changed_ms=T0 - 1000)
+    commit(state, [c.PutBreaker(br.breaker_key("cluster", "c1"), rec)])
+    out = tick(KubeScheduler(), state, {"d": 2}, T0)
+    assert out.bindings == {"d": ("c2", "c2")}
