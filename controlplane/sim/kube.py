@@ -244,20 +244,36 @@ class _Cycle:
         self.bindings: dict[DeploymentId, list[ClusterId]] = {}
         self.rejected: dict[DeploymentId, int] = {}
         self.grace = sched.termination_grace_ms if sched.termination_grace_ms is not None else req.grace_ms
+        self.nominees: dict[Node, dict[int, tuple[int, int, _Pod]]] = {}
+        """Per node, the pending pods nominated to it: seq -> (priority, GPUs, pod)."""
+        for did in sorted(sched._pending):
+            for q in sched._pending[did]:
+                if q.nominated is not None:
+                    self._nominate(q, q.nominated)
+        self.hopeless: set[DeploymentId] = set()
+        """Deployments one of whose un-nominated pods fitted nowhere and could preempt nothing this
+        tick: the next ones fare the same (every later step of the cycle only takes capacity away
+        from them), so they are not tried again."""
 
     # -- helpers ----------------------------------------------------------------------------
     def _prio(self, inst: Instance) -> int:
         return self.sched.priority(self.req.state, inst.tenant)
 
+    def _nominate(self, pod: _Pod, cid: ClusterId) -> None:
+        self._unnominate(pod)
+        pod.nominated = cid
+        d = self.deps[pod.deployment]
+        self.nominees.setdefault((cid, d.pool), {})[pod.seq] = (self.prio_of[d.id], d.gpus_per_instance, pod)
+
+    def _unnominate(self, pod: _Pod) -> None:
+        if pod.nominated is not None:
+            self.nominees.get((pod.nominated, self.deps[pod.deployment].pool), {}).pop(pod.seq, None)
+            pod.nominated = None
+
     def _nominated_ge(self, node: Node, pod: _Pod) -> int:
         """GPUs of the pods nominated to ``node`` with priority >= ``pod``'s (``addGENominatedPods``)."""
-        prio, total = self.prio_of[pod.deployment], 0
-        for did in sorted(self.sched._pending):
-            d = self.deps.get(did)
-            if d is None or d.pool != node[1] or self.prio_of[did] < prio:
-                continue
-            total += d.gpus_per_instance * sum(1 for q in self.sched._pending[did] if q.nominated == node[0] and q is not pod)
-        return total
+        prio = self.prio_of[pod.deployment]
+        return sum(g for seq, (p, g, _) in self.nominees.get(node, {}).items() if p >= prio and seq != pod.seq)
 
     def _fits(self, node: Node, pod: _Pod, freed: int = 0) -> bool:
         need = self.deps[pod.deployment].gpus_per_instance
@@ -271,16 +287,20 @@ class _Cycle:
             if pod.nominated is not None and nominated in self.free and self._fits(nominated, pod):
                 self._bind(pod, nominated)
                 continue
+            if pod.nominated is None and d.id in self.hopeless:
+                continue
             feasible = [n for n in self.nodes if n[1] == d.pool and self._fits(n, pod)]
             if feasible:
                 self._bind(pod, self._best(d, feasible))
-            elif self.sched.preemption_policy == PREEMPT_LOWER_PRIORITY:
-                self._preempt(pod, d)
+            elif self.sched.preemption_policy != PREEMPT_LOWER_PRIORITY or not self._preempt(pod, d):
+                if pod.nominated is None:
+                    self.hopeless.add(d.id)
 
     def _bind(self, pod: _Pod, node: Node) -> None:
         d = self.deps[pod.deployment]
         self.free[node] -= d.gpus_per_instance
         self.bindings.setdefault(d.id, []).append(node[0])
+        self._unnominate(pod)
         self.sched._pending[d.id].remove(pod)
 
     def _best(self, d: Deployment, feasible: list[Node]) -> Node:
@@ -352,9 +372,10 @@ class _Cycle:
                 victims.append(i)
         return victims or None
 
-    def _preempt(self, pod: _Pod, d: Deployment) -> None:
+    def _preempt(self, pod: _Pod, d: Deployment) -> bool:
+        """Preempt for ``pod`` if it may and some node would help; False when nothing was done."""
         if not self._eligible(pod):
-            return  # waits for its victims
+            return False  # waits for its victims
         candidates: list[tuple[Node, list[Instance]]] = []
         for node in self.nodes:
             if node[1] != d.pool:
@@ -363,8 +384,8 @@ class _Cycle:
             if victims:
                 candidates.append((node, victims))
         if not candidates:
-            pod.nominated = None  # preemption would not help: the nomination is cleared
-            return
+            self._unnominate(pod)  # preemption would not help: the nomination is cleared
+            return False
         node, victims = pick_one_node(candidates, self._prio)
         now = self.req.now_ms
         for i in victims:
@@ -379,12 +400,12 @@ class _Cycle:
             key = (d.id, i.deployment)
             self.pairs[key] = self.pairs.get(key, 0) + 1
         prio = self.prio_of[d.id]
-        for did in sorted(self.sched._pending):  # lower-priority pods nominated there lose it
-            if self.prio_of.get(did, 0) < prio:
-                for q in self.sched._pending[did]:
-                    if q.nominated == node[0] and self.deps[did].pool == node[1]:
-                        q.nominated = None
-        pod.nominated = node[0]
+        for seq in sorted(self.nominees.get(node, {})):  # lower-priority pods nominated there lose it
+            p, _, q = self.nominees[node][seq]
+            if p < prio:
+                self._unnominate(q)
+        self._nominate(pod, node[0])
+        return True
 
     def result(self) -> ExternalAllocation:
         lost: dict[DeploymentId, int] = {}
