@@ -57,7 +57,7 @@ from controlplane.domain.instances import Instance, InstanceState
 from controlplane.domain.state import ControlState
 from controlplane.domain.tenants import Deployment
 
-__all__ = ["KubeScheduler", "KubeTick", "PREEMPT_LOWER_PRIORITY", "NEVER", "QUOTA_MODES"]
+__all__ = ["KubeScheduler", "KubeStatistics", "KubeTick", "PREEMPT_LOWER_PRIORITY", "NEVER", "QUOTA_MODES"]
 
 PREEMPT_LOWER_PRIORITY, NEVER = "PreemptLowerPriority", "Never"
 QUOTA_MODES = ("ceiling", "quota", "none")
@@ -99,6 +99,26 @@ class KubeTick:
     """Pods bound this tick, per deployment, with their nodes."""
 
 
+@dataclass(frozen=True, slots=True)
+class KubeStatistics:
+    """Cumulative counts since the scheduler was made."""
+
+    ticks: int = 0
+    pods_created: int = 0
+    """Pods the ReplicaSets created (admitted by the ResourceQuota)."""
+    quota_rejections: int = 0
+    """Pod creations the ResourceQuota rejected (each retried creation counts again)."""
+    pods_bound: int = 0
+    pods_deleted_pending: int = 0
+    """Unscheduled pods deleted by a ReplicaSet scale-down."""
+    preemptions: int = 0
+    """Preemption decisions (one per preemptor pod and node)."""
+    victims: int = 0
+    """Pods deleted by preemption."""
+    pending_pod_ticks: int = 0
+    """Sum over ticks of the pods left Pending at the end of the tick."""
+
+
 class KubeScheduler:
     """kube-scheduler + ReplicaSet controller + ResourceQuota admission as a plan allocator.
 
@@ -131,6 +151,10 @@ class KubeScheduler:
         self._pending: dict[DeploymentId, list[_Pod]] = {}
         self._seq = 0
         self.last: KubeTick | None = None
+        self._stats: dict[str, int] = dict.fromkeys(KubeStatistics.__slots__, 0)  # type: ignore[arg-type]
+
+    def statistics(self) -> KubeStatistics:
+        return KubeStatistics(**self._stats)
 
     # -- the seam ---------------------------------------------------------------------------
     def allocate(self, request: AllocationRequest) -> ExternalAllocation:
@@ -138,6 +162,13 @@ class KubeScheduler:
         self._sync_replicasets(cycle)
         cycle.schedule(self._queue(cycle))
         out = cycle.result()
+        st = self._stats
+        st["ticks"] += 1
+        st["quota_rejections"] += sum(cycle.rejected.values())
+        st["pods_bound"] += sum(len(n) for n in cycle.bindings.values())
+        st["preemptions"] += cycle.preemptions
+        st["victims"] += len(cycle.victims)
+        st["pending_pod_ticks"] += sum(len(p) for p in self._pending.values())
         self.last = KubeTick(
             request.now_ms,
             {did: len(pods) for did, pods in sorted(self._pending.items()) if pods},
@@ -162,6 +193,7 @@ class KubeScheduler:
             pods = self._pending.setdefault(d.id, [])
             excess = req.have.get(d.id, 0) + len(pods) - req.targets[d.id]
             if excess > 0:
+                self._stats["pods_deleted_pending"] += min(excess, len(pods))
                 del pods[max(0, len(pods) - excess):]  # unscheduled first, newest first
         usage = self._quota_usage(req.state, req.now_ms)
         for d in req.deployments:
@@ -176,6 +208,7 @@ class KubeScheduler:
                     cycle.rejected[d.id] = missing - k
                     break
                 usage[key] = usage.get(key, 0) + d.gpus_per_instance
+                self._stats["pods_created"] += 1
                 self._seq += 1
                 pods.append(_Pod(self._seq, d.id, req.now_ms))
 
@@ -243,6 +276,7 @@ class _Cycle:
         self.pairs: dict[tuple[DeploymentId, DeploymentId], int] = {}
         self.bindings: dict[DeploymentId, list[ClusterId]] = {}
         self.rejected: dict[DeploymentId, int] = {}
+        self.preemptions = 0
         self.grace = sched.termination_grace_ms if sched.termination_grace_ms is not None else req.grace_ms
         self.nominees: dict[Node, dict[int, tuple[int, int, _Pod]]] = {}
         """Per node, the pending pods nominated to it: seq -> (priority, GPUs, pod)."""
@@ -405,6 +439,7 @@ class _Cycle:
             if p < prio:
                 self._unnominate(q)
         self._nominate(pod, node[0])
+        self.preemptions += 1
         return True
 
     def result(self) -> ExternalAllocation:

@@ -443,3 +443,14 @@ def test_victims_are_lower_priority_enough_and_none_could_be_spared(
     assert out.preemptions == tuple(sorted(
         (("new", f"d{k}", 1) for k in range(len(pods)) if f"i{k}" in victims)
     ))
+
+
+def test_statistics_count_what_happened() -> None:
+    state = full_node()
+    sched = KubeScheduler()
+    out = tick(sched, state, {"hi": 1, "mid": 1, "lo": 2}, T0)
+    drain(state, "lo-new", T0, out.victims[0].drain_deadline_ms)
+    # hi waits for lo-new (no second preemption); lo's ReplicaSet replaces it with a Pending pod.
+    tick(sched, state, {"hi": 1, "mid": 1, "lo": 2}, T0 + 1000)
+    s = sched.statistics()
+    assert (s.ticks, s.pods_created, s.preemptions, s.victims, s.pods_bound, s.pending_pod_ticks) == (2, 2, 1, 1, 0, 3)
