@@ -24,12 +24,13 @@ Every definition below is also in docs/fleet-bench.md.
   else (the product allocation of today) to every deployment of another tenant in the same pool
   whose grant rose in that tick. A *preemption loop* is a pair (tenant A preempts tenant B) when B
   preempted A in the :data:`LOOP_WINDOW_MS` before.
-* **Bursts.** From the workload's clairvoyant need (``baselines.required_replicas``, rounded up,
-  within the deployment's bounds): a burst starts at second *s* when the need reaches
-  ``base + max(1, ceil(base / 2))``, ``base`` being the least need of the :data:`BURST_BASE_S`
+* **Bursts.** From the workload's clairvoyant need (``baselines.required_replicas``, averaged over
+  the trailing :data:`BURST_SMOOTH_S` seconds, rounded up, within the deployment's bounds): a burst
+  starts at second *s* when the need reaches ``base + max(2, ceil(base / 2))``, ``base`` being the least need of the :data:`BURST_BASE_S`
   seconds before; it lasts until the need falls back to ``base``. Time to capacity: from *s* to the
   first tick with serving replicas >= the need at *s*; bursts never served by the end are *unreached*.
-* **Warm-pool hit rate.** Scale-ups = warm starts (Standby -> Warming) + cold starts that serve;
+* **Warm-pool hit rate.** Scale-ups (after t = 0, the initial fleet) = warm starts (Standby ->
+  Warming) + cold starts that serve;
   a cold-started instance put to Standby within two ticks of its first Ready is a warm-pool fill,
   not a scale-up. Hit rate = warm starts / scale-ups.
 * **Held below quota.** Per tenant and pool, every tick: it *asks* when its deployments' decision
@@ -57,14 +58,22 @@ S = InstanceState
 LOOP_WINDOW_MS = 300_000
 """A preemption back within this long of the opposite one is a loop."""
 BURST_BASE_S = 60
+BURST_SMOOTH_S = 10
+"""The need is averaged over this many seconds (trailing) before it is rounded up: a one-second
+spike of the fluid bound is not a burst."""
 START_JITTER = 1.1
 """The simulated cold start varies by +-10 % (``sim.cluster``): a claim's deadline allows the top."""
 _SERVING = (S.READY, S.BUSY)
 
 
-def burst_starts(required: Sequence[float], *, lo: int, hi: int, base_s: int = BURST_BASE_S) -> list[tuple[int, int]]:
+def burst_starts(required: Sequence[float], *, lo: int, hi: int, base_s: int = BURST_BASE_S,
+                 smooth_s: int = BURST_SMOOTH_S) -> list[tuple[int, int]]:
     """``(second, replicas needed then)`` of every burst start in a per-second need (module doc)."""
-    need = [min(hi, max(lo, math.ceil(x - 1e-9))) for x in required]
+    need = []
+    acc = 0.0
+    for s, x in enumerate(required):
+        acc += x - (required[s - smooth_s] if s >= smooth_s else 0.0)
+        need.append(min(hi, max(lo, math.ceil(acc / min(s + 1, smooth_s) - 1e-9))))
     out: list[tuple[int, int]] = []
     base: int | None = None
     for s in range(1, len(need)):
@@ -73,7 +82,7 @@ def burst_starts(required: Sequence[float], *, lo: int, hi: int, base_s: int = B
                 base = None
             continue
         floor = min(need[max(0, s - base_s):s])
-        if need[s] >= floor + max(1, math.ceil(floor / 2)):
+        if need[s] >= floor + max(2, math.ceil(floor / 2)):
             out.append((s, need[s]))
             base = floor
     return out
@@ -174,7 +183,7 @@ class FleetObserver:
             dep = self._dep[inst.deployment]
             iid = rec.instance_id
             to, frm = rec.to_state, rec.from_state
-            if to is S.WARMING:
+            if to is S.WARMING and rec.at_ms > 0:  # t = 0: the initial fleet, not a scale-up
                 if frm is S.PENDING:
                     dep.cold += 1
                     self._cold_ids.add(iid)

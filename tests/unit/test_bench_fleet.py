@@ -1,0 +1,215 @@
+"""``controlplane bench fleet``: a 180 s slice of the built-in fleet (CI), the registry, the fleet
+observer's definitions on hand-built states, and ``--out`` left as it was by a failing run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import jsonschema
+import pytest
+
+from controlplane.bench import fleet as bench
+from controlplane.bench import fleet_policies as fp
+from controlplane.cli.main import main
+from controlplane.domain.errors import ControlPlaneError
+from controlplane.domain.ids import DeploymentId
+from controlplane.domain.instances import InstanceState as S
+from controlplane.sim.fleet_metrics import LOOP_WINDOW_MS, FleetObserver, burst_starts
+from controlplane.sim.scenario import scenario_from_data
+
+ROOT = Path(__file__).resolve().parents[2]
+SCHEMA = json.loads((ROOT / "docs" / "fleet-results.schema.json").read_text(encoding="utf-8"))
+SLICE = ["bench", "fleet", "--limit-s", "180", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def slice_runs(tmp_path_factory):
+    """The CI slice twice: inline (--jobs 1) and in two worker processes (--jobs 2)."""
+    base = tmp_path_factory.mktemp("fleet")
+    outs = []
+    for jobs in ("1", "2"):
+        out = base / f"jobs{jobs}"
+        assert main([*SLICE, "--jobs", jobs, "--out", str(out)]) == 0
+        outs.append(out)
+    return outs
+
+
+def test_slice_matches_the_schema_and_lists_every_policy(slice_runs):
+    results = json.loads((slice_runs[0] / "results.json").read_text(encoding="utf-8"))
+    jsonschema.validate(results, SCHEMA)
+    assert [e["policy"] for e in results["policies"]] == list(fp.ORDER)
+    for e in results["policies"]:
+        entry = fp.registry()[e["policy"]]
+        assert e["available"] is (entry.build is not None)
+        if not e["available"]:
+            assert e["reason"] == entry.unavailable and e["reason"]
+    ran = [e for e in results["policies"] if e["available"]]
+    assert {"controlplane", "static", "oracle"} <= {e["policy"] for e in ran}
+    for e in ran:
+        assert e["simulated_s"] == 180
+        assert e["total"]["requests"] > 0
+        assert set(e["tenants"]) == {t["id"] for t in results["fleet"]["tenants"]}
+
+
+def test_same_seed_gives_byte_identical_results_whatever_the_jobs(slice_runs):
+    one, two = (p / "results.json" for p in slice_runs)
+    assert one.read_bytes() == two.read_bytes()
+    timings = json.loads((slice_runs[1] / "timings.json").read_text(encoding="utf-8"))
+    assert timings["jobs"] == 2 and "load_average" in timings  # machine-dependent values live here only
+
+
+def test_slice_invariants_hold(slice_runs):
+    results = json.loads((slice_runs[0] / "results.json").read_text(encoding="utf-8"))
+    for e in results["policies"]:
+        if not e["available"]:
+            continue
+        pool = e["invariants"]["pool_never_exceeded"]
+        assert pool["ok"], (e["policy"], pool["first"])
+        assert all(p["gpus"] <= p["capacity"] for p in pool["peak"])
+    ours = next(e for e in results["policies"] if e["policy"] == "controlplane")
+    assert ours["invariants"]["no_tenant_starved_below_quota"]["ok"], ours["invariants"]
+    assert ours["invariants"]["no_preemption_loops"]["ok"]
+    assert ours["total"]["preemption_loops"] == 0
+    assert results["targets"]["top_tenant"] == results["fleet"]["tenants"][0]["id"]
+
+
+def test_report_and_plots_are_written(slice_runs):
+    out = slice_runs[0]
+    report = (out / "report.md").read_text(encoding="utf-8")
+    assert "## Per policy" in report and "## Targets (controlplane)" in report and "| controlplane |" in report
+    for name in ("gpus_by_tenant.png", "attainment_vs_gpu_hours.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]  # no temporary folder left
+
+
+def test_a_failing_run_leaves_out_as_it_was(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("previous run", encoding="utf-8")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(bench.builtin_fleet_text().replace("tick_ms: 250", "tick_ms: 5"), encoding="utf-8")
+    assert main([*SLICE, "--fleet", str(bad), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "bad.yaml" in err and "tick_ms" in err and "Traceback" not in err
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+
+    def fails(tmp: Path) -> None:
+        (tmp / "results.json").write_text("{}", encoding="utf-8")
+        raise ControlPlaneError("late failure")
+
+    with pytest.raises(ControlPlaneError, match="late failure"):
+        bench._atomic_out(out, fails)
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_print_fleet_loads_as_a_fleet(tmp_path, capsys):
+    assert main(["bench", "fleet", "--print-fleet"]) == 0
+    text = capsys.readouterr().out
+    path = tmp_path / "fleet.yaml"
+    path.write_text(text, encoding="utf-8")
+    scenario = bench.load_fleet_file(path)
+    assert scenario.deployments and scenario.tenants
+    assert text == bench.builtin_fleet_text()
+
+
+def test_unknown_policy_is_a_clear_error(capsys):
+    assert main(["bench", "fleet", "--policies", "controlplane,nope", "--out", "unused"]) == 2
+    assert "--policies" in capsys.readouterr().err
+    assert [p.name for p in fp.select("oracle,controlplane")] == ["controlplane", "oracle"]
+
+
+# --- the pool extension of static and oracle -------------------------------------------------------
+
+def _fleet(pool: int = 10):
+    data = {
+        "clusters": [{"id": "c1", "zone": "z", "capacity": {"h100": pool}}],
+        "tenants": [{"id": "hi", "priority": 100, "quota": {"h100": 6}, "slo": {"ttft_p99_ms": 1000}},
+                    {"id": "lo", "priority": 10, "quota": {"h100": 4}, "slo": {"ttft_p99_ms": 1000}}],
+        "deployments": [
+            {"id": "a", "tenant": "hi", "engine": "vllm", "model": "llama3-8b-h100", "pool": "h100",
+             "min_replicas": 1, "max_replicas": 20, "workload": {"generator": {"duration_s": 10}}},
+            {"id": "b", "tenant": "lo", "engine": "vllm", "model": "llama3-70b-h100x4", "pool": "h100",
+             "min_replicas": 1, "max_replicas": 5, "workload": {"generator": {"duration_s": 10}}},
+        ],
+    }
+    return scenario_from_data(data, source="t", base_dir=Path("."))
+
+
+def test_static_and_oracle_are_capped_by_the_pool_highest_priority_first():
+    sc = _fleet(10)
+    a, b = DeploymentId("a"), DeploymentId("b")
+    # a wants 9 x 1 GPU, b 3 x 4: minimums first (a 1, b 4 GPUs), then a takes 5 more, b nothing more.
+    assert fp.cap_by_priority(sc, {a: 9, b: 3}) == {a: 6, b: 1}
+    assert fp.cap_by_priority(sc, {a: 2, b: 3}) == {a: 2, b: 2}
+    assert fp.static_replicas(sc, {a: [1, 9, 2], b: [3, 1, 1]}) == {a: 6, b: 1}
+    assert fp.pooled_oracle(sc, {a: [1, 9, 2], b: [3, 1, 1]}) == {a: [1, 6, 2], b: [2, 1, 1]}
+    assert fp.gpu_budgets(sc) == {a: 6, b: 4}
+
+
+def test_burst_starts_need_a_real_rise():
+    flat_noise = [1.0, 1.6, 1.0, 1.9, 1.2] * 40
+    assert burst_starts(flat_noise, lo=1, hi=10) == []
+    step = [2.0] * 100 + [8.0] * 50 + [2.0] * 100 + [8.0] * 50
+    starts = burst_starts(step, lo=1, hi=10)
+    assert [s for s, _ in starts] == [101, 251]  # one per rise, detected on the smoothed need
+    assert all(n >= 4 for _, n in starts)
+    assert burst_starts(step, lo=1, hi=3) == []  # capped by max_replicas: no room for a burst
+
+
+# --- the observer's definitions on hand-built states ------------------------------------------------
+
+def _inst(i, dep, tenant, gpus, state, cluster="c1"):
+    return SimpleNamespace(id=f"i{i}", deployment=DeploymentId(dep), tenant=tenant, cluster=cluster, pool="h100",
+                           gpus=gpus, state=state, preempted=False)
+
+
+def _tick(obs, now, insts, targets, preemptions=None):
+    plan = SimpleNamespace(decisions=[(DeploymentId(k), SimpleNamespace(target=v)) for k, v in targets.items()],
+                           grants=[(DeploymentId(k), v, 0) for k, v in targets.items()], preemptions=preemptions)
+    obs.tick(now, SimpleNamespace(plan=plan), SimpleNamespace(instances={x.id: x for x in insts}))
+
+
+def test_observer_flags_a_pool_overrun():
+    obs = FleetObserver(_fleet(8), {})
+    insts = [_inst(k, "a", "hi", 1, S.READY) for k in range(5)] + [_inst(9, "b", "lo", 4, S.DRAINING)]
+    _tick(obs, 0, insts, {"a": 5, "b": 1})
+    inv = obs.finish(250)["invariants"]["pool_never_exceeded"]
+    assert not inv["ok"] and inv["first"] == {"t_s": 0.0, "cluster": "c1", "pool": "h100", "gpus": 9, "capacity": 8}
+
+
+def test_observer_counts_starvation_only_beyond_grace_plus_start():
+    sc = _fleet(9)  # full: hi 1 + lo 8 GPUs
+    obs = FleetObserver(sc, {})
+    tol = sc.spec.preemption_grace_ms + 33_000 + sc.spec.tick_ms  # 8B: 30 s cold start +10 %, one tick
+    insts = [_inst(0, "a", "hi", 1, S.READY), _inst(1, "b", "lo", 4, S.READY), _inst(2, "b", "lo", 4, S.READY)]
+    now = 0
+    while now <= tol + 10_000:  # "hi" asks for 6 (its quota) and holds 1 the whole time
+        _tick(obs, now, insts, {"a": 6, "b": 2})
+        now += 250
+    fig = obs.finish(now)
+    hi = fig["tenants"]["hi"]
+    assert hi["below_quota_while_asking_s"] == pytest.approx(now / 1000)
+    assert 9.5 <= hi["starved_below_quota_s"] <= 10.5
+    assert not fig["invariants"]["no_tenant_starved_below_quota"]["ok"]
+    # the scale-up needed lower-priority GPUs (the pool is full, lo borrows 4) and never got them
+    assert hi["claims"] >= 1 and hi["claims_met"] == 0 and hi["preemption_success"] == 0.0
+    assert fig["tenants"]["lo"]["starved_below_quota_s"] == 0
+
+
+def test_observer_meets_a_claim_and_detects_a_loop():
+    obs = FleetObserver(_fleet(10), {})
+    a, b = DeploymentId("a"), DeploymentId("b")
+    base = [_inst(0, "a", "hi", 1, S.READY), _inst(1, "b", "lo", 4, S.READY), _inst(2, "b", "lo", 4, S.READY)]
+    _tick(obs, 0, base, {"a": 2, "b": 2}, preemptions=((a, b, 1),))
+    grown = base[:2] + [_inst(3, "a", "hi", 1, S.READY)]
+    _tick(obs, 40_000, grown, {"a": 2, "b": 2}, preemptions=())
+    _tick(obs, 60_000, grown, {"a": 2, "b": 2}, preemptions=((b, a, 1),))  # back within the window: a loop
+    _tick(obs, 60_000 + LOOP_WINDOW_MS + 1, grown, {"a": 2, "b": 2}, preemptions=((a, b, 1),))  # outside: none
+    fig = obs.finish(400_000)
+    assert fig["tenants"]["hi"]["claims_met"] == 1 and fig["tenants"]["hi"]["claim_to_serving_s"]["p50"] == 40.0
+    assert fig["total"]["preemption_loops"] == 1
+    assert fig["invariants"]["no_preemption_loops"]["loops"] == [{"t_s": 60.0, "beneficiary": "lo", "victim": "hi"}]
