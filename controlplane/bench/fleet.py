@@ -85,10 +85,17 @@ def required_of(scenario: Scenario, workloads: Mapping[DeploymentId, Sequence[Re
 
 # --- one policy (runs in a worker process) ---------------------------------------------------------
 
-def run_policy(name: str, fleet_path: str | None, seed: int, limit_s: float | None,
-               progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+def prepare(fleet_path: str | None, seed: int, limit_s: float | None):
+    """The fleet and its workloads as every policy replays them (bad files and traces fail here)."""
     scenario = load_fleet(fleet_path)
-    scenario, workloads = cut(scenario, workloads_of(scenario, seed), limit_s)
+    return cut(scenario, workloads_of(scenario, seed), limit_s)
+
+
+def run_policy(name: str, fleet_path: str | None, seed: int, limit_s: float | None,
+               progress: Callable[[int, int], None] | None = None, prepared=None) -> dict[str, Any]:
+    """One policy's replay. ``prepared``: :func:`prepare`'s result when the caller has it (a worker
+    process rebuilds it: the workloads are seeded, so every process gets the same requests)."""
+    scenario, workloads = prepared if prepared is not None else prepare(fleet_path, seed, limit_s)
     policy = fp.registry()[name]
     assert policy.build is not None, policy.unavailable
     started = time.perf_counter()
@@ -121,10 +128,14 @@ def _worker(name: str, fleet_path: str | None, seed: int, limit_s: float | None)
 
 
 def run_all(names: Sequence[str], fleet_path: str | None, seed: int, limit_s: float | None, *, jobs: int,
-            show_progress: bool) -> dict[str, dict[str, Any]]:
+            show_progress: bool, prepared=None) -> dict[str, dict[str, Any]]:
     with _Bars(show_progress, names) as bars:
         if jobs <= 1 or len(names) <= 1:
-            return {n: run_policy(n, fleet_path, seed, limit_s, bars.callback(n)) for n in names}
+            runs = {}
+            for n in names:
+                runs[n] = run_policy(n, fleet_path, seed, limit_s, bars.callback(n), prepared)
+                bars.finish(n)
+            return runs
         import concurrent.futures as cf
         import multiprocessing as mp
 
@@ -336,15 +347,18 @@ def run_cli(*, fleet: str | None, out: str, as_json: bool, seed: int | None, lim
         raise ControlPlaneError(f"--jobs: must be >= 1, got {jobs}")
     jobs = jobs or min(2, os.cpu_count() or 1)
     selected = fp.select(policies)
-    scenario = load_fleet(fleet)  # bad fleet files fail here, before anything is run or written
-    seed = scenario.spec.seed if seed is None else seed
+    if seed is None:
+        seed = load_fleet(fleet).spec.seed
+    started = time.perf_counter()
+    # Bad fleet files and traces fail here, before anything is simulated or written.
+    prepared = prepare(fleet, seed, limit_s)
+    scenario = prepared[0]
     runnable = [p.name for p in selected if p.build is not None]
     show = sys.stderr.isatty() if progress is None else progress
-    started = time.perf_counter()
-    runs = run_all(runnable, fleet, seed, limit_s, jobs=jobs, show_progress=show)
+    runs = run_all(runnable, fleet, seed, limit_s, jobs=jobs, show_progress=show, prepared=prepared)
     wall = time.perf_counter() - started
     source = f"builtin:{BUILTIN_FLEET}" if fleet is None else Path(fleet).name
-    results = build_results(cut(scenario, {}, limit_s)[0], source, seed, limit_s, selected, runs)
+    results = build_results(scenario, source, seed, limit_s, selected, runs)
     text = canonical(results)
     timings = {"wall_s": round(wall, 3), "jobs": jobs, "cpus": os.cpu_count(),
                "load_average": [round(x, 2) for x in os.getloadavg()],

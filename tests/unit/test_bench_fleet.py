@@ -96,6 +96,17 @@ def test_a_failing_run_leaves_out_as_it_was(tmp_path, capsys):
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
 
+    missing = tmp_path / "missing-trace.yaml"
+    missing.write_text(
+        "duration_s: 60\nclusters: [{id: c1, zone: z, capacity: {h100: 8}}]\n"
+        "tenants: [{id: t, priority: 1, quota: {h100: 8}, slo: {ttft_p99_ms: 1000}}]\n"
+        "deployments:\n  - {id: d, tenant: t, engine: vllm, model: llama3-8b-h100, pool: h100, "
+        "workload: {trace: no-such-trace.csv}}\n", encoding="utf-8")
+    assert main([*SLICE, "--fleet", str(missing), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "no-such-trace.csv" in err and "Traceback" not in err
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+
     def fails(tmp: Path) -> None:
         (tmp / "results.json").write_text("{}", encoding="utf-8")
         raise ControlPlaneError("late failure")
