@@ -69,7 +69,8 @@ def cut(scenario: Scenario, workloads: Mapping[DeploymentId, Sequence[Request]],
     end_s = limit_s if dur is None else min(dur, limit_s)
     spec = scenario.spec.model_copy(update={"duration_s": end_s})
     limit_ms = int(end_s * 1000)
-    return dataclasses.replace(scenario, spec=spec), {k: [r for r in v if r.arrival_ms < limit_ms] for k, v in workloads.items()}
+    kept = {k: [r for r in v if r.arrival_ms < limit_ms] for k, v in workloads.items()}
+    return dataclasses.replace(scenario, spec=spec), kept
 
 
 def required_of(scenario: Scenario, workloads: Mapping[DeploymentId, Sequence[Request]]) -> dict[DeploymentId, list[float]]:
@@ -97,7 +98,8 @@ def run_policy(name: str, fleet_path: str | None, seed: int, limit_s: float | No
     process rebuilds it: the workloads are seeded, so every process gets the same requests)."""
     scenario, workloads = prepared if prepared is not None else prepare(fleet_path, seed, limit_s)
     policy = fp.registry()[name]
-    assert policy.build is not None, policy.unavailable
+    if policy.build is None:
+        raise ControlPlaneError(f"policy {name}: unavailable: {policy.unavailable}")
     started = time.perf_counter()
     setup = policy.build(fp.FleetContext(scenario, workloads, seed))
     extra = {"allocator": setup.allocator} if setup.allocator is not None else {}

@@ -38,7 +38,8 @@ def totals_table(results: Mapping[str, Any]) -> str:
             continue
         t = e["total"]
         ok = e["invariants"]["pool_never_exceeded"]["ok"]
-        rows.append(f"| {e['policy']} | {_pct(t['slo_attainment'])} | {_num(t['ttft_ms']['p50'])} | {_num(t['ttft_ms']['p99'])} "
+        rows.append(f"| {e['policy']} | {_pct(t['slo_attainment'])} | {_num(t['ttft_ms']['p50'])} "
+                    f"| {_num(t['ttft_ms']['p99'])} "
                     f"| {t['gpu_hours']:.2f} | {t['preemptions']} | {_pct(t['preemption_success'])} ({t['claims']} claims) "
                     f"| {t['preemption_loops']} | {_pct(t['warm_hit_rate'])} | {t['scale_reversals']} | {t['dropped']} "
                     f"| {'yes' if ok else '**no**'} |")
@@ -71,7 +72,8 @@ def deployments_table(results: Mapping[str, Any]) -> str:
             btc = d["burst_to_capacity_s"]
             rows.append(f"| {e['policy']} | {name} | {d['tenant']} | {_pct(d['slo_attainment'])} | {d['gpu_hours']:.2f} "
                         f"| {d['bursts']} ({d['bursts_unreached']}) | {_num(btc['p50'], ',.1f')} | {_num(btc['p99'], ',.1f')} "
-                        f"| {d['scale_ups']} | {_pct(d['warm_hit_rate'])} | {d['preempted_replicas']} | {d['scale_reversals']} |")
+                        f"| {d['scale_ups']} | {_pct(d['warm_hit_rate'])} | {d['preempted_replicas']} "
+                        f"| {d['scale_reversals']} |")
     return "\n".join(rows)
 
 
@@ -106,11 +108,11 @@ def invariants_lines(results: Mapping[str, Any]) -> list[str]:
             continue
         inv = e["invariants"]
         pool = inv["pool_never_exceeded"]
-        first = pool["first"]
-        lines.append(
-            f"* {e['policy']}: pool never exceeded: {'yes' if pool['ok'] else 'NO, ' + str(pool['violating_ticks']) + ' ticks, first ' + repr(first)}; "
-            f"no tenant starved: {'yes' if inv['no_tenant_starved_below_quota']['ok'] else inv['no_tenant_starved_below_quota']['starved_s']}; "
-            f"preemption loops: {len(inv['no_preemption_loops']['loops'])}")
+        starved = inv["no_tenant_starved_below_quota"]
+        pool_text = "yes" if pool["ok"] else f"**no**, {pool['violating_ticks']} ticks, first {pool['first']}"
+        starved_text = "yes" if starved["ok"] else f"**no**: {starved['starved_s']}"
+        lines.append(f"* {e['policy']}: pool never exceeded: {pool_text}; no tenant starved: {starved_text}; "
+                     f"preemption loops: {len(inv['no_preemption_loops']['loops'])}")
     return lines
 
 

@@ -26,13 +26,13 @@ Every definition below is also in docs/fleet-bench.md.
   preempted A in the :data:`LOOP_WINDOW_MS` before.
 * **Bursts.** From the workload's clairvoyant need (``baselines.required_replicas``, averaged over
   the trailing :data:`BURST_SMOOTH_S` seconds, rounded up, within the deployment's bounds): a burst
-  starts at second *s* when the need reaches ``base + max(2, ceil(base / 2))``, ``base`` being the least need of the :data:`BURST_BASE_S`
-  seconds before; it lasts until the need falls back to ``base``. Time to capacity: from *s* to the
-  first tick with serving replicas >= the need at *s*; bursts never served by the end are *unreached*.
+  starts at second *s* when the need reaches ``base + max(2, ceil(base / 2))``, ``base`` being the
+  least need of the :data:`BURST_BASE_S` seconds before; it lasts until the need falls back to
+  ``base``. Time to capacity: from *s* to the first tick with serving replicas >= the need at *s*;
+  bursts never served by the end are *unreached*.
 * **Warm-pool hit rate.** Scale-ups (after t = 0, the initial fleet) = warm starts (Standby ->
-  Warming) + cold starts that serve;
-  a cold-started instance put to Standby within two ticks of its first Ready is a warm-pool fill,
-  not a scale-up. Hit rate = warm starts / scale-ups.
+  Warming) + cold starts that serve; a cold-started instance put to Standby within two ticks of its
+  first Ready is a warm-pool fill, not a scale-up. Hit rate = warm starts / scale-ups.
 * **Held below quota.** Per tenant and pool, every tick: it *asks* when its deployments' decision
   targets x GPUs exceed the GPUs it holds (live, not Draining); it is *below quota while asking*
   when it holds less than ``min(quota, asked)``; *starved* counts only the time beyond ``grace +
@@ -259,7 +259,8 @@ class FleetObserver:
                     self._first_violation = {"t_s": now_ms / 1000, "cluster": key[0], "pool": key[1], "gpus": n,
                                              "capacity": cap}
 
-    def _record_pairs(self, now_ms: int, plan, prev_grant: Mapping[DeploymentId, int]) -> set[tuple[DeploymentId, TenantId]]:
+    def _record_pairs(self, now_ms: int, plan,
+                      prev_grant: Mapping[DeploymentId, int]) -> set[tuple[DeploymentId, TenantId]]:
         """This tick's (beneficiary deployment, victim tenant) pairs; loops are counted on tenants."""
         victims, self._victims = self._victims, []
         explicit = getattr(plan, "preemptions", None) if plan is not None else None
