@@ -64,7 +64,7 @@ def tenants_table(results: Mapping[str, Any]) -> str:
 
 def deployments_table(results: Mapping[str, Any]) -> str:
     rows = ["| policy | deployment | tenant | SLO attainment | GPU-hours | bursts (unreached) | burst to capacity p50 s "
-            "| p99 s | scale-ups | warm hit rate | preempted | reversals |", "|" + "---|" * 12]
+            "| p99 s | lag p99 s | scale-ups | warm hit rate | preempted | reversals |", "|" + "---|" * 13]
     for e in results["policies"]:
         if not e["available"]:
             continue
@@ -72,6 +72,7 @@ def deployments_table(results: Mapping[str, Any]) -> str:
             btc = d["burst_to_capacity_s"]
             rows.append(f"| {e['policy']} | {name} | {d['tenant']} | {_pct(d['slo_attainment'])} | {d['gpu_hours']:.2f} "
                         f"| {d['bursts']} ({d['bursts_unreached']}) | {_num(btc['p50'], ',.1f')} | {_num(btc['p99'], ',.1f')} "
+                        f"| {_num(d['burst_lag_s']['p99'], ',.1f')} "
                         f"| {d['scale_ups']} | {_pct(d['warm_hit_rate'])} | {d['preempted_replicas']} "
                         f"| {d['scale_reversals']} |")
     return "\n".join(rows)

@@ -28,8 +28,10 @@ Every definition below is also in docs/fleet-bench.md.
   the trailing :data:`BURST_SMOOTH_S` seconds, rounded up, within the deployment's bounds): a burst
   starts at second *s* when the need reaches ``base + max(2, ceil(base / 2))``, ``base`` being the
   least need of the :data:`BURST_BASE_S` seconds before; it lasts until the need falls back to
-  ``base``. Time to capacity: from *s* to the first tick with serving replicas >= the need at *s*;
-  bursts never served by the end are *unreached*.
+  ``base``; its peak is the most it needs (capped at the tenant's ceiling). Time to capacity: from
+  *s* to the first tick with serving replicas >= the peak; bursts never served so by the end are
+  *unreached*. Lag: the longest a new high of the need, on the way up to the peak, waited for
+  serving replicas to reach it (0 for a policy that is ready ahead of the need).
 * **Warm-pool hit rate.** Scale-ups (after t = 0, the initial fleet) = warm starts (Standby ->
   Warming) + cold starts that serve; a cold-started instance put to Standby within two ticks of its
   first Ready is a warm-pool fill, not a scale-up. Hit rate = warm starts / scale-ups.
@@ -66,26 +68,44 @@ START_JITTER = 1.1
 _SERVING = (S.READY, S.BUSY)
 
 
-def burst_starts(required: Sequence[float], *, lo: int, hi: int, base_s: int = BURST_BASE_S,
-                 smooth_s: int = BURST_SMOOTH_S) -> list[tuple[int, int]]:
-    """``(second, replicas needed then)`` of every burst start in a per-second need (module doc)."""
+@dataclass(frozen=True, slots=True)
+class Burst:
+    start_s: int
+    peak: int
+    """The most replicas the burst needs."""
+    rises: tuple[tuple[int, int], ...]
+    """``(second, need)`` at each new high of the need, from the start to the peak."""
+
+
+def bursts(required: Sequence[float], *, lo: int, hi: int, base_s: int = BURST_BASE_S,
+           smooth_s: int = BURST_SMOOTH_S) -> list[Burst]:
+    """Every burst of a per-second need (module doc)."""
     need = []
     acc = 0.0
     for s, x in enumerate(required):
         acc += x - (required[s - smooth_s] if s >= smooth_s else 0.0)
         need.append(min(hi, max(lo, math.ceil(acc / min(s + 1, smooth_s) - 1e-9))))
-    out: list[tuple[int, int]] = []
-    base: int | None = None
-    for s in range(1, len(need)):
-        if base is not None:
-            if need[s] <= base:
-                base = None
-            continue
+    out: list[Burst] = []
+    s = 1
+    while s < len(need):
         floor = min(need[max(0, s - base_s):s])
-        if need[s] >= floor + max(2, math.ceil(floor / 2)):
-            out.append((s, need[s]))
-            base = floor
+        if need[s] < floor + max(2, math.ceil(floor / 2)):
+            s += 1
+            continue
+        end = next((u for u in range(s + 1, len(need)) if need[u] <= floor), len(need))
+        rises, high = [], 0
+        for u in range(s, end):
+            if need[u] > high:
+                high = need[u]
+                rises.append((u, high))
+        out.append(Burst(s, high, tuple(rises)))
+        s = end + 1
     return out
+
+
+def burst_starts(required: Sequence[float], *, lo: int, hi: int) -> list[tuple[int, int]]:
+    """``(second, replicas needed then)`` of every burst start."""
+    return [(b.start_s, b.rises[0][1]) for b in bursts(required, lo=lo, hi=hi)]
 
 
 @dataclass
@@ -96,15 +116,26 @@ class _Claim:
 
 
 @dataclass
+class _Track:
+    start_ms: int
+    peak: int
+    due: list[tuple[int, int]]
+    """(at_ms, need) of the rises not yet served."""
+    worst_lag_ms: int = 0
+    reached: bool = False
+
+
+@dataclass
 class _Dep:
     cold: int = 0
     warm: int = 0
     fills: int = 0
-    bursts: list[tuple[int, int]] = field(default_factory=list)
-    """(start_ms, replicas) not yet reached, in order."""
+    bursts: list[_Track] = field(default_factory=list)
+    """Not started yet, in order."""
     next_burst: int = 0
-    active: list[tuple[int, int]] = field(default_factory=list)
+    active: list[_Track] = field(default_factory=list)
     to_capacity_ms: list[int] = field(default_factory=list)
+    lag_ms: list[int] = field(default_factory=list)
     burst_count: int = 0
     claim: _Claim | None = None
     claims_met: int = 0
@@ -156,7 +187,11 @@ class FleetObserver:
         self._dep = {k: _Dep() for k in self._deps}
         for k, d in self._deps.items():
             req = required.get(k, ())
-            self._dep[k].bursts = [(s * 1000, n) for s, n in burst_starts(req, lo=d.min_replicas, hi=d.max_replicas)]
+            cap = max(d.min_replicas, self._tenants[d.tenant].ceiling_in(d.pool) // d.gpus_per_instance)
+            self._dep[k].bursts = [
+                _Track(x.start_s * 1000, min(cap, x.peak), [(u * 1000, min(cap, n)) for u, n in x.rises])
+                for x in bursts(req, lo=d.min_replicas, hi=d.max_replicas)
+            ]
         self._stretch = {k: _Stretch() for k in self._tenant_pools}
         self._ready_at: dict[str, int] = {}
         self._cold_ids: set[str] = set()
@@ -321,18 +356,25 @@ class FleetObserver:
 
     def _bursts(self, now_ms: int, serving: Mapping[DeploymentId, int]) -> None:
         for k, dep in self._dep.items():
-            while dep.next_burst < len(dep.bursts) and dep.bursts[dep.next_burst][0] <= now_ms:
+            while dep.next_burst < len(dep.bursts) and dep.bursts[dep.next_burst].start_ms <= now_ms:
                 dep.active.append(dep.bursts[dep.next_burst])
                 dep.next_burst += 1
                 dep.burst_count += 1
-            if dep.active:
-                still = []
-                for start, n in dep.active:
-                    if serving[k] >= n:
-                        dep.to_capacity_ms.append(now_ms - start)
-                    else:
-                        still.append((start, n))
-                dep.active = still
+            if not dep.active:
+                continue
+            n = serving[k]
+            still = []
+            for tr in dep.active:
+                if not tr.reached and n >= tr.peak:
+                    tr.reached = True
+                    dep.to_capacity_ms.append(now_ms - tr.start_ms)
+                while tr.due and tr.due[0][0] <= now_ms and n >= tr.due[0][1]:
+                    tr.worst_lag_ms = max(tr.worst_lag_ms, now_ms - tr.due.pop(0)[0])
+                if tr.reached and not tr.due:
+                    dep.lag_ms.append(tr.worst_lag_ms)
+                else:
+                    still.append(tr)
+            dep.active = still
 
     def _quota(self, now_ms: int, held: Mapping[tuple[TenantId, PoolId], int]) -> None:
         asked: dict[tuple[TenantId, PoolId], int] = {}
@@ -361,7 +403,7 @@ class FleetObserver:
         for k, dep in self._dep.items():
             if dep.claim is not None:
                 dep.claims_censored += 1
-            dep.bursts = [x for x in dep.bursts[dep.next_burst:] if x[0] <= end_ms]
+            dep.bursts = [x for x in dep.bursts[dep.next_burst:] if x.start_ms <= end_ms]
             dep.next_burst = 0
             dep.burst_count += len(dep.bursts)
             deployments[k] = self._dep_figures(k, dep)
@@ -415,12 +457,15 @@ class FleetObserver:
 
     def _dep_figures(self, k: DeploymentId, dep: _Dep) -> dict[str, Any]:
         lat = sorted(dep.to_capacity_ms)
+        lag = sorted(dep.lag_ms)
         return {
             "tenant": self._deps[k].tenant,
             "bursts": dep.burst_count,
-            "bursts_unreached": len(dep.active) + len(dep.bursts),
+            "bursts_unreached": sum(not tr.reached for tr in dep.active) + len(dep.bursts),
             "burst_to_capacity_s": {"p50": _secs(percentile(lat, 0.5)), "p99": _secs(percentile(lat, 0.99)),
                                     "max": _secs(lat[-1] if lat else None)},
+            "burst_lag_s": {"p50": _secs(percentile(lag, 0.5)), "p99": _secs(percentile(lag, 0.99)),
+                            "max": _secs(lag[-1] if lag else None)},
             "preempted_replicas": self._preempted[k],
             **self._claim_figures([dep]),
             **self._warm_figures([dep]),

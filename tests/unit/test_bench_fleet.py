@@ -16,7 +16,7 @@ from controlplane.cli.main import main
 from controlplane.domain.errors import ControlPlaneError
 from controlplane.domain.ids import DeploymentId
 from controlplane.domain.instances import InstanceState as S
-from controlplane.sim.fleet_metrics import LOOP_WINDOW_MS, FleetObserver, burst_starts
+from controlplane.sim.fleet_metrics import LOOP_WINDOW_MS, FleetObserver, burst_starts, bursts
 from controlplane.sim.scenario import scenario_from_data
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -169,6 +169,29 @@ def test_burst_starts_need_a_real_rise():
     assert [s for s, _ in starts] == [101, 251]  # one per rise, detected on the smoothed need
     assert all(n >= 4 for _, n in starts)
     assert burst_starts(step, lo=1, hi=3) == []  # capped by max_replicas: no room for a burst
+    ramp = [2.0] * 100 + [2.0 + k / 5 for k in range(40)] + [10.0] * 30 + [2.0] * 50
+    (burst,) = bursts(ramp, lo=1, hi=10)
+    assert burst.peak == 10 and burst.rises[0][0] == burst.start_s and burst.rises[-1][1] == 10
+    assert [n for _, n in burst.rises] == sorted({n for _, n in burst.rises})  # strictly rising highs
+
+
+def test_observer_times_a_burst_to_its_peak_and_its_lag():
+    sc = _fleet(20)
+    need = [1.0] * 100 + [6.0] * 100
+    obs = FleetObserver(sc, {DeploymentId("a"): need})
+    (burst,) = bursts(need, lo=1, hi=20)
+    ready = lambda n: [_inst(k, "a", "hi", 1, S.READY) for k in range(n)]  # noqa: E731
+    def serving(now_s: float) -> int:  # half of the burst early, the peak 20 s after the need reached it
+        return 1 if now_s < burst.start_s + 1 else (3 if now_s < 130 else 6)
+
+    for now in range(0, 200_000, 250):
+        _tick(obs, now, ready(serving(now / 1000)), {"a": serving(now / 1000), "b": 1})
+    dep = obs.finish(200_000)["deployments"]["a"]
+    assert dep["bursts"] == 1 and dep["bursts_unreached"] == 0
+    assert dep["burst_to_capacity_s"]["p50"] == 130.0 - burst.start_s
+    served_at = {n: (burst.start_s + 1 if n <= 3 else 130) for _, n in burst.rises}
+    assert dep["burst_lag_s"]["max"] == max(served_at[n] - u for u, n in burst.rises)
+    assert dep["burst_lag_s"]["max"] < dep["burst_to_capacity_s"]["max"]
 
 
 # --- the observer's definitions on hand-built states ------------------------------------------------
