@@ -3,6 +3,8 @@ observer's definitions on hand-built states, and ``--out`` left as it was by a f
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -31,7 +33,10 @@ def slice_runs(tmp_path_factory):
     outs = []
     for jobs in ("1", "2"):
         out = base / f"jobs{jobs}"
-        assert main([*SLICE, "--jobs", jobs, "--out", str(out)]) == 0
+        stdout = io.StringIO()
+        with contextlib.redirect_stdout(stdout):
+            assert main([*SLICE, "--jobs", jobs, "--out", str(out), "--json"]) == 0
+        assert stdout.getvalue() == (out / "results.json").read_text(encoding="utf-8")  # --json: the same bytes
         outs.append(out)
     return outs
 
