@@ -6,6 +6,9 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,6 +23,7 @@ from controlplane.domain.ids import DeploymentId
 from controlplane.domain.instances import InstanceState as S
 from controlplane.sim.fleet_metrics import LOOP_WINDOW_MS, FleetObserver, burst_starts, bursts
 from controlplane.sim.scenario import scenario_from_data
+from tests.conftest import long_mode
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = json.loads((ROOT / "docs" / "fleet-results.schema.json").read_text(encoding="utf-8"))
@@ -252,3 +256,27 @@ def test_observer_meets_a_claim_and_detects_a_loop():
     assert fig["tenants"]["hi"]["claims_met"] == 1 and fig["tenants"]["hi"]["claim_to_serving_s"]["p50"] == 40.0
     assert fig["total"]["preemption_loops"] == 1
     assert fig["invariants"]["no_preemption_loops"]["loops"] == [{"t_s": 60.0, "beneficiary": "lo", "victim": "hi"}]
+
+
+@pytest.mark.slow
+def test_results_do_not_depend_on_hash_seeds_or_processes(tmp_path):
+    """Two separate processes with different ``PYTHONHASHSEED`` (CP_SLOW=1: the full built-in fleet,
+    every policy; else the CI slice of controlplane and static) write the same bytes, and the
+    invariants hold."""
+    args = ["--jobs", "2"] if long_mode() else ["--jobs", "1", "--limit-s", "180", "--policies", "controlplane,static"]
+    texts = []
+    for hash_seed in ("0", "1"):
+        out = tmp_path / f"h{hash_seed}"
+        res = subprocess.run(
+            [sys.executable, "-m", "controlplane.cli.main", "bench", "fleet", "--no-progress",
+             "--out", str(out), *args],
+            check=False, capture_output=True, text=True, timeout=900, env=dict(os.environ, PYTHONHASHSEED=hash_seed),
+        )
+        assert res.returncode == 0, res.stderr
+        texts.append((out / "results.json").read_text(encoding="utf-8"))
+    assert texts[0] == texts[1]
+    results = json.loads(texts[0])
+    jsonschema.validate(results, SCHEMA)
+    ours = next(e for e in results["policies"] if e["policy"] == "controlplane")
+    assert all(ours["invariants"][k]["ok"] for k in ("pool_never_exceeded", "no_tenant_starved_below_quota",
+                                                      "no_preemption_loops")), ours["invariants"]
