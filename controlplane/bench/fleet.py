@@ -47,6 +47,9 @@ PREEMPTION_SUCCESS_GOAL = 0.993
 load_fleet_file: Callable[[str | Path], Scenario] = load_scenario
 """How a ``--fleet`` file is read (the fleet-file loader replaces the scenario loader at merge)."""
 workloads_of: Callable[[Scenario, int], dict[DeploymentId, list[Request]]] = runner.workloads_of
+shortfall_of: Callable[[Scenario, Mapping[DeploymentId, Sequence[Request]]], Mapping[str, Any]] | None = None
+"""Per pool, peak demand against the pool (the fleet-file helper's ``fleet_shortfall``, JSON-able);
+None: not reported (``fleet.shortfall`` is null)."""
 
 
 def builtin_fleet_text() -> str:
@@ -233,8 +236,10 @@ def policy_entry(policy: fp.FleetPolicy, run: Mapping[str, Any] | None) -> dict[
     }
 
 
-def fleet_entry(scenario: Scenario, source: str, limit_s: float | None) -> dict[str, Any]:
+def fleet_entry(scenario: Scenario, source: str, limit_s: float | None,
+                shortfall: Mapping[str, Any] | None = None) -> dict[str, Any]:
     return {
+        "shortfall": None if shortfall is None else json.loads(json.dumps(shortfall, sort_keys=True)),
         "name": scenario.spec.name,
         "source": source,
         "limit_s": limit_s,
@@ -289,8 +294,9 @@ def targets(entries: Sequence[Mapping[str, Any]], fleet: Mapping[str, Any]) -> d
 
 
 def build_results(scenario: Scenario, source: str, seed: int, limit_s: float | None,
-                  selected: Sequence[fp.FleetPolicy], runs: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    fleet = fleet_entry(scenario, source, limit_s)
+                  selected: Sequence[fp.FleetPolicy], runs: Mapping[str, Mapping[str, Any]],
+                  shortfall: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    fleet = fleet_entry(scenario, source, limit_s, shortfall)
     entries = [policy_entry(p, runs.get(p.name)) for p in selected]
     return {
         "schema": SCHEMA_ID,
@@ -360,10 +366,11 @@ def run_cli(*, fleet: str | None, out: str, as_json: bool, seed: int | None, lim
     runs = run_all(runnable, fleet, seed, limit_s, jobs=jobs, show_progress=show, prepared=prepared)
     wall = time.perf_counter() - started
     source = f"builtin:{BUILTIN_FLEET}" if fleet is None else Path(fleet).name
-    results = build_results(scenario, source, seed, limit_s, selected, runs)
+    shortfall = shortfall_of(*prepared) if shortfall_of is not None else None
+    results = build_results(scenario, source, seed, limit_s, selected, runs, shortfall)
     text = canonical(results)
-    timings = {"wall_s": round(wall, 3), "jobs": jobs, "cpus": os.cpu_count(),
-               "load_average": [round(x, 2) for x in os.getloadavg()],
+    load = [round(x, 2) for x in os.getloadavg()]
+    timings = {"wall_s": round(wall, 3), "jobs": jobs, "cpus": os.cpu_count(), "load_average": load,
                "policies_wall_s": {n: round(r["wall_s"], 3) for n, r in runs.items()}}
 
     def write(tmp: Path) -> None:
@@ -375,7 +382,7 @@ def run_cli(*, fleet: str | None, out: str, as_json: bool, seed: int | None, lim
     out_dir = Path(out)
     _atomic_out(out_dir, write)
     print(f"bench fleet: {len(runnable)} policies in {wall:.1f} s wall (jobs {jobs}, load average "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())})", file=sys.stderr)
+          f"{' '.join(f'{x:.2f}' for x in load)})", file=sys.stderr)
     if as_json:
         sys.stdout.write(text)
     else:

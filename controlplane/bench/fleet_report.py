@@ -6,6 +6,7 @@ per-second series the workers return), so the report never disagrees with the JS
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,8 @@ def markdown(results: Mapping[str, Any]) -> str:
             f"Seed {results['seed']}" + (f", first {f['limit_s']:g} s" if f["limit_s"] else "") + f"; pools: {pools}; "
             f"tenants: " + ", ".join(f"{t['id']} (priority {t['priority']})" for t in f["tenants"]) + ". "
             "Definitions: docs/fleet-bench.md.", ""]
+    if f.get("shortfall") is not None:
+        head += ["Pool shortfall at the peaks: `" + json.dumps(f["shortfall"], sort_keys=True) + "`.", ""]
     return "\n".join(head + [
         "## Per policy", "", totals_table(results), "",
         "## Per tenant", "", tenants_table(results), "",

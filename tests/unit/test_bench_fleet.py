@@ -280,3 +280,18 @@ def test_results_do_not_depend_on_hash_seeds_or_processes(tmp_path):
     ours = next(e for e in results["policies"] if e["policy"] == "controlplane")
     assert all(ours["invariants"][k]["ok"] for k in ("pool_never_exceeded", "no_tenant_starved_below_quota",
                                                       "no_preemption_loops")), ours["invariants"]
+
+
+def test_unavailable_rows_and_the_shortfall_render_without_any_run():
+    from controlplane.bench import fleet_report
+
+    sc = _fleet(9)
+    unavailable = [p for p in fp.registry().values() if p.build is None]
+    if not unavailable:
+        unavailable = [fp.FleetPolicy("hpa+k8s", "stand-in", None, "not importable here")]
+    results = bench.build_results(sc, "t.yaml", 1, None, unavailable, {}, {"h100": {"peak_gpus": 12, "pool": 9}})
+    jsonschema.validate(json.loads(bench.canonical(results)), SCHEMA)
+    assert results["targets"] == {} and results["fleet"]["shortfall"] == {"h100": {"peak_gpus": 12, "pool": 9}}
+    report = fleet_report.markdown(results)
+    assert "unavailable: " + unavailable[0].unavailable in report
+    assert '"peak_gpus": 12' in report and "not evaluated" in report
