@@ -317,7 +317,10 @@ def canonical(results: Mapping[str, Any]) -> str:
 
 def _atomic_out(out: Path, write: Callable[[Path], None]) -> None:
     """``write(tmp)`` into a new folder beside ``out``, then swap it in; on any error ``out`` is untouched."""
-    parent = out.resolve().parent
+    out = out.resolve()
+    parent = out.parent
+    if out == parent:
+        raise ControlPlaneError(f"--out: {out} cannot be replaced (give a folder of its own)")
     try:
         parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=parent))
@@ -351,6 +354,10 @@ def run_cli(*, fleet: str | None, out: str, as_json: bool, seed: int | None, lim
         return 0
     if limit_s is not None and not (limit_s > 0 and math.isfinite(limit_s)):
         raise ControlPlaneError(f"--limit-s: must be a positive number of seconds, got {limit_s}")
+    if Path(out).exists() and not Path(out).is_dir():
+        raise ControlPlaneError(f"--out: {out} exists and is not a folder")
+    if Path(out).resolve() == Path(out).resolve().parent:
+        raise ControlPlaneError(f"--out: {out} cannot be replaced (give a folder of its own)")
     if jobs is not None and jobs < 1:
         raise ControlPlaneError(f"--jobs: must be >= 1, got {jobs}")
     jobs = jobs or min(2, os.cpu_count() or 1)
