@@ -35,10 +35,12 @@ Every definition below is also in docs/fleet-bench.md.
 * **Warm-pool hit rate.** Scale-ups (after t = 0, the initial fleet) = warm starts (Standby ->
   Warming) + cold starts that serve; a cold-started instance put to Standby within two ticks of its
   first Ready is a warm-pool fill, not a scale-up. Hit rate = warm starts / scale-ups.
-* **Held below quota.** Per tenant and pool, every tick: it *asks* when its deployments' decision
-  targets x GPUs exceed the GPUs it holds (live, not Draining); it is *below quota while asking*
-  when it holds less than ``min(quota, asked)``; *starved* counts only the time beyond ``grace +
-  start`` of one uninterrupted stretch below (the time a preemption legitimately takes).
+* **Held below quota.** Per tenant and pool, every tick: it *asks* when one of its deployments'
+  decision target exceeds its live replicas (Pending..Busy); it is *below quota while asking* when
+  one more replica of an asking deployment would still fit in its quota (GPUs it holds, not
+  Draining, + that replica's GPUs <= quota: the allocation's "grows within its quota"); *starved*
+  counts only the time beyond ``grace + start`` of one uninterrupted stretch below (the time a
+  preemption legitimately takes).
 * **Pool invariant.** GPUs held (every non-terminal instance) per cluster and pool <= capacity,
   checked every tick.
 """
@@ -274,7 +276,7 @@ class FleetObserver:
         beneficiaries = self._record_pairs(now_ms, plan, prev_grant)
         self._claims(now_ms, held, used, live, serving, beneficiaries)
         self._bursts(now_ms, serving)
-        self._quota(now_ms, held)
+        self._quota(now_ms, held, live)
         if now_ms >= self._next_sample_ms:
             self._next_sample_ms = now_ms + TIMELINE_STEP_MS
             self.timeline_t_s.append(now_ms / 1000)
@@ -376,17 +378,20 @@ class FleetObserver:
                     still.append(tr)
             dep.active = still
 
-    def _quota(self, now_ms: int, held: Mapping[tuple[TenantId, PoolId], int]) -> None:
-        asked: dict[tuple[TenantId, PoolId], int] = {}
+    def _quota(self, now_ms: int, held: Mapping[tuple[TenantId, PoolId], int],
+               live: Mapping[DeploymentId, int]) -> None:
+        # Per tenant and pool: the fewest GPUs of one more replica of a deployment that asks for it.
+        smallest: dict[tuple[TenantId, PoolId], int] = {}
         for k, d in self._deps.items():
-            key = (d.tenant, d.pool)
-            asked[key] = asked.get(key, 0) + self._dep[k].target * d.gpus_per_instance
+            if self._dep[k].target > live[k]:
+                key = (d.tenant, d.pool)
+                smallest[key] = min(smallest.get(key, d.gpus_per_instance), d.gpus_per_instance)
         for key, st in self._stretch.items():
-            h, w = held.get(key, 0), asked.get(key, 0)
+            h = held.get(key, 0)
             quota = self._tenants[key[0]].quota_in(key[1])
-            if w > h:
+            if key in smallest:
                 st.asking_ms += self._tick_ms
-            if h < min(quota, w):
+            if key in smallest and h + smallest[key] <= quota:
                 st.below_ms += self._tick_ms
                 if st.since_ms is None:
                     st.since_ms = now_ms

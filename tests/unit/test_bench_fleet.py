@@ -295,3 +295,15 @@ def test_unavailable_rows_and_the_shortfall_render_without_any_run():
     report = fleet_report.markdown(results)
     assert "unavailable: " + unavailable[0].unavailable in report
     assert '"peak_gpus": 12' in report and "not evaluated" in report
+
+
+def test_below_quota_counts_in_whole_replicas():
+    """lo (quota 4 GPUs) holds one 4-GPU replica and asks for a second: that one would be borrowed,
+    so lo is asking but not below its quota; hi (1-GPU replicas, quota 6) holding 5 and asking is."""
+    obs = FleetObserver(_fleet(9), {})
+    insts = [_inst(k, "a", "hi", 1, S.READY) for k in range(5)] + [_inst(9, "b", "lo", 4, S.READY)]
+    for now in range(0, 10_000, 250):
+        _tick(obs, now, insts, {"a": 6, "b": 2})
+    tenants = obs.finish(10_000)["tenants"]
+    assert tenants["lo"]["asking_s"] == 10.0 and tenants["lo"]["below_quota_while_asking_s"] == 0
+    assert tenants["hi"]["below_quota_while_asking_s"] == 10.0
