@@ -48,6 +48,13 @@ def slice_runs(tmp_path_factory):
 def test_slice_matches_the_schema_and_lists_every_policy(slice_runs):
     results = json.loads((slice_runs[0] / "results.json").read_text(encoding="utf-8"))
     jsonschema.validate(results, SCHEMA)
+    ours = next(e for e in results["policies"] if e["policy"] == "controlplane")
+    total_schema = {"$schema": SCHEMA["$schema"], "$defs": SCHEMA["$defs"], "$ref": "#/$defs/total"}
+    jsonschema.validate(ours["total"], total_schema)
+    for broken in ({**ours["total"], "unknown_figure": 1}, {**ours["total"], "warm_hit_rate": 1.5},
+                   {k: v for k, v in ours["total"].items() if k != "preemption_success"}):
+        with pytest.raises(jsonschema.ValidationError):  # the schema is strict: it would catch a drift
+            jsonschema.validate(broken, total_schema)
     assert [e["policy"] for e in results["policies"]] == list(fp.ORDER)
     for e in results["policies"]:
         entry = fp.registry()[e["policy"]]
