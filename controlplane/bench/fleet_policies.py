@@ -160,7 +160,7 @@ def _dynamo(mode: str) -> Callable[[FleetContext], Setup]:
 def registry() -> dict[str, FleetPolicy]:
     """Every policy in report order, each buildable or unavailable with its reason."""
     kube_missing = None if KUBE_ALLOCATOR is not None else KUBE_MISSING
-    dynamo_missing = DYNAMO_MISSING if DYNAMO_POLICY is None or DYNAMO_MISSING else None
+    dynamo_missing = DYNAMO_MISSING or ("DYNAMO_POLICY is not wired" if DYNAMO_POLICY is None else None)
     dyn_reason = "; ".join(r for r in (dynamo_missing, kube_missing) if r) or None
 
     def entry(name: str, description: str, build: Callable[[FleetContext], Setup], reason: str | None) -> FleetPolicy:

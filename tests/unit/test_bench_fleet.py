@@ -314,3 +314,27 @@ def test_below_quota_counts_in_whole_replicas():
     tenants = obs.finish(10_000)["tenants"]
     assert tenants["lo"]["asking_s"] == 10.0 and tenants["lo"]["below_quota_while_asking_s"] == 0
     assert tenants["hi"]["below_quota_while_asking_s"] == 10.0
+
+
+def test_wiring_kube_and_dynamo_makes_their_rows_runnable(monkeypatch):
+    """The seams the merge fills: one assignment each turns an unavailable row into a runnable one."""
+    seen = {}
+
+    def dynamo(*, mode, gpu_budgets):
+        seen["dynamo"] = (mode, gpu_budgets)
+        return "dynamo-policy"
+
+    monkeypatch.setattr(fp, "KUBE_ALLOCATOR", lambda ctx: "kube-allocator")
+    monkeypatch.setattr(fp, "DYNAMO_POLICY", dynamo)
+    monkeypatch.setattr(fp, "DYNAMO_MISSING", None)
+    reg = fp.registry()
+    assert all(p.build is not None and p.unavailable is None for p in reg.values())
+    ctx = fp.FleetContext(_fleet(9), {}, 1)
+    setup = reg["dynamo-load"].build(ctx)
+    assert setup == fp.Setup("dynamo-policy", "kube-allocator")
+    assert seen["dynamo"] == ("load", {DeploymentId("a"): 6, DeploymentId("b"): 4})
+    hpa = reg["hpa+k8s"].build(ctx)
+    assert hpa.allocator == "kube-allocator" and hpa.policy.name == "hpa"
+    monkeypatch.setattr(fp, "DYNAMO_MISSING", "ai-dynamo is not installed")
+    assert fp.registry()["dynamo-throughput"].unavailable == "ai-dynamo is not installed"
+    assert fp.registry()["hpa+k8s"].build is not None
