@@ -104,6 +104,19 @@ def _parser() -> argparse.ArgumentParser:
     bp.add_argument("--seed", type=int, default=0, help="random seed, the same for every policy (default 0)")
     bp.add_argument("--rate-scale", type=float, default=1.0, help="compress trace time by this factor")
     bp.add_argument("--limit-s", type=float, default=None, help="replay only the first seconds of each trace")
+    bf = bench_sub.add_parser("fleet", help="tenants, models and one GPU pool: this control plane vs HPA/KPA + "
+                                            "kube-scheduler, Dynamo's planner, static peak and the clairvoyant bound")
+    bf.add_argument("--fleet", metavar="FILE", help="fleet file (a scenario file plus fleet fields; default: the built-in fleet)")
+    bf.add_argument("--out", default="out/bench-fleet", metavar="DIR", help="where results.json, report.md and PNGs go")
+    bf.add_argument("--json", action="store_true", help="print results.json on stdout")
+    bf.add_argument("--seed", type=int, default=None, help="random seed, the same for every policy (default: the fleet's)")
+    bf.add_argument("--limit-s", type=float, default=None, metavar="S", help="simulate only the first S seconds (CI slice)")
+    bf.add_argument("--print-fleet", action="store_true", help="write the built-in fleet file to stdout and exit")
+    bf.add_argument("--policies", default=None, metavar="A,B", help="policies to run, comma-separated (default: all)")
+    bf.add_argument("--jobs", type=int, default=None, metavar="N", help="processes (default: min(2, CPU count))")
+    fbar = bf.add_mutually_exclusive_group()
+    fbar.add_argument("--progress", dest="progress", action="store_true", default=None, help="show progress bars")
+    fbar.add_argument("--no-progress", dest="progress", action="store_false")
     bs = bench_sub.add_parser("soak", help="long run under steady load and periodic kill -9: memory, fds, journal growth")
     bs.add_argument("--minutes", type=float, required=True, help="length of the run in minutes (fractions allowed)")
     bs.add_argument("--out", default="out/soak", metavar="DIR", help="where soak.json, report.md and soak.png go")
@@ -384,6 +397,11 @@ def _bench(args: argparse.Namespace) -> int:
         from controlplane.bench.stability import run_cli as run_stability
 
         return run_stability(args.seconds, args.cpu, args.disk, args.set, args.out)
+    if args.bench == "fleet":
+        from controlplane.bench.fleet import run_cli as run_fleet
+
+        return run_fleet(fleet=args.fleet, out=args.out, as_json=args.json, seed=args.seed, limit_s=args.limit_s,
+                         policies=args.policies, jobs=args.jobs, print_fleet=args.print_fleet, progress=args.progress)
     if args.bench == "policies":
         from controlplane.bench.policies import run_cli as run_policies
 

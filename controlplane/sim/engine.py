@@ -13,6 +13,7 @@ import logging
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import structlog
 from prometheus_client import CollectorRegistry
@@ -27,7 +28,7 @@ from controlplane.domain.instances import InstanceEvent, InstanceState, Transiti
 from controlplane.domain.profiles import PROFILES
 from controlplane.domain.state import ControlState
 from controlplane.domain.tenants import Deployment
-from controlplane.runtime.loop import ControlLoop
+from controlplane.runtime.loop import ControlLoop, TickReport
 from controlplane.runtime.replicator import LocalReplicator
 from controlplane.runtime.transitions import TransitionRecorder
 from controlplane.sim.baselines import PodView, PolicyView, ReplicaPolicy
@@ -65,6 +66,15 @@ class WarmupFailures:
     end_ms: int
 
 
+class SimObserver(Protocol):
+    """A measurement beside the :class:`Collector`, told about every committed transition (with the
+    state after the commit) and every control tick (with the loop's report); read-only."""
+
+    def transitions(self, records: Sequence[Transitioned], state: ControlState) -> None: ...
+
+    def tick(self, now_ms: int, report: TickReport, state: ControlState) -> None: ...
+
+
 class Simulation:
     def __init__(
         self,
@@ -76,14 +86,18 @@ class Simulation:
         logger: object | None = None,
         policy: ReplicaPolicy | None = None,
         allocator: Allocator | None = None,
+        observers: Sequence[SimObserver] = (),
     ) -> None:
         """``policy``: a baseline autoscaler (:mod:`controlplane.sim.baselines`) that sets every
         deployment's replica target instead of ``core.scaling`` (None: this project's policy). The
         rest of the control loop (allocation, placement, lifecycle) is the same either way.
         ``allocator``: replaces the product's allocation of scarce GPUs, preemption and placement
         (``ReconcileConfig.allocator``; e.g. :class:`controlplane.sim.kube.KubeScheduler`); None: the
-        product's own."""
+        product's own.
+        ``observers``: extra measurements fed every transition and every tick's report (the fleet
+        benchmark's :mod:`controlplane.sim.fleet_metrics`); they must not change the state."""
         self.scenario = scenario
+        self._observers = tuple(observers)
         self.seed = seed
         self._policy = policy
         self._allocator = allocator
@@ -220,6 +234,8 @@ class Simulation:
             inst = self.state.instances.get(rec.instance_id)
             preempted = inst is not None and inst.preempted and rec.to_state is InstanceState.DRAINING
             self.collector.transition(rec, inst.deployment if inst else None, preempted)
+        for obs in self._observers:
+            obs.transitions(records, self.state)
 
     def run(self) -> SimResult:
         for r in self._requests:
@@ -253,10 +269,12 @@ class Simulation:
         for d in self.scenario.deployments:
             slo = self.state.tenants[d.tenant].slo
             self.fleet.drop_expired(d.id, slo.max_queue_ms, now_ms)
-        self.loop.tick(now_ms)
+        report = self.loop.tick(now_ms)
         for d in self.scenario.deployments:
             self.fleet.dispatch_gateway(d.id, now_ms)
         self.collector.tick(now_ms, self.state)
+        for obs in self._observers:
+            obs.tick(now_ms, report, self.state)
         if self._progress is not None and (now_ms // self.tick_ms) % 400 == 0:
             self._progress(now_ms, self.end_ms)
         if now_ms + self.tick_ms <= self.end_ms:
