@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from adapters.backend import MAX_GPUS_PER_INSTANCE, MAX_REPLICAS, InstanceCommand, ScaleCommand
 from controlplane.domain.errors import NotFound, ValidationError
-from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId
+from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId, instance_prefix
 from controlplane.domain.observations import Observations
 from controlplane.domain.profiles import PROFILES, ModelProfile
 from controlplane.runtime.clock import wall_ms
@@ -275,7 +275,7 @@ class SimulatedBackend:
             active = sorted(i for i, s in live.items() if s.phase != "draining")
             gpus = PROFILES[self._cfg[dep].model].gpus_per_instance
             for k in range(command.replicas - len(active)):
-                ref = _Ref(InstanceId(f"{dep}-{command.request_id}-{k}"), dep, self.cluster_id, gpus)
+                ref = _Ref(InstanceId(f"{instance_prefix(dep)}-{command.request_id}-{k}"), dep, self.cluster_id, gpus)
                 self.fleet.execute("create", ref, 0, self._now_ms)
             for extra in active[command.replicas:] if len(active) > command.replicas else []:
                 self.fleet.execute("drain", _Ref(InstanceId(extra), dep, self.cluster_id, gpus), deadline, self._now_ms)

@@ -53,7 +53,7 @@ from controlplane.core import breaker as br
 from controlplane.core import placement, preemption, scaling
 from controlplane.core.signals import FilteredSignals
 from controlplane.domain import commands as c
-from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId, PoolId
+from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId, PoolId, instance_prefix
 from controlplane.domain.instances import (
     SERVING_STATES,
     TERMINAL_STATES,
@@ -772,7 +772,7 @@ def _create(tick: _Tick, d: Deployment, count: int, existing: Sequence[Instance]
     first = tick.cfg.max_creates_per_tick - tick.creates_left
     for k, cid in enumerate(chosen, start=first):
         # Unique: one tick per now_ms, and k counts every creation of the tick.
-        iid = InstanceId(f"{d.id[:40]}-{tick.now_ms}-{k}")
+        iid = InstanceId(f"{instance_prefix(d.id)}-{tick.now_ms}-{k}")
         tick.commands.append(c.CreateInstance(iid, d.id, cid, tick.now_ms))
         tick.free[(cid, d.pool)] = tick.free.get((cid, d.pool), 0) - d.gpus_per_instance
     tick.creates_left -= len(chosen)
