@@ -60,7 +60,7 @@ def request_ref(p: Principal, value: str, field: str, tenant: str = "") -> tuple
     if tenant:
         return tenant, value
     raise cv.invalid(field, f"deployment names are per tenant: an admin names one as '<tenant>/<name>' "
-                            f"(e.g. 'alpha/{clip(value)}')")
+                            f"(e.g. 'alpha/{value}')")
 
 
 def resolve(state: ControlState, tenant: str, name: str) -> DeploymentId:
