@@ -182,6 +182,16 @@ def already_exists(kind: str, ident: str) -> ApiError:
     return ApiError(grpc.StatusCode.ALREADY_EXISTS, f"{kind} {ident!r} already exists")
 
 
+def named_as_sent(err: ApiError, ident: str, sent: str) -> ApiError:
+    """``err`` (from the state machine, which names deployment ids) naming the deployment as the client
+    did: a tenant never reads its own qualified id where it sent a bare name."""
+    if ident == sent:
+        return err
+    message = err.message.replace(repr(ident), repr(sent))
+    violations = [(f, p.replace(repr(ident), repr(sent))) for f, p in err.violations]
+    return dataclasses.replace(err, message=message, violations=violations)
+
+
 def permission_denied(what: str) -> ApiError:
     return ApiError(grpc.StatusCode.PERMISSION_DENIED, what)
 
@@ -623,8 +633,11 @@ class DeploymentsServicer(api_pb2_grpc.DeploymentsServicer):
             expect = c.MUST_NOT_EXIST if request.create_only else self.core.expect(rv, current, existing is not None)
             return c.PutDeployment(new, expect, self.core.now_ms(), cap)
 
-        self.core.update(context, make, retry=rv == 0 and not request.create_only,
-                         limit="api_max_deployments_per_tenant")
+        try:
+            self.core.update(context, make, retry=rv == 0 and not request.create_only,
+                             limit="api_max_deployments_per_tenant")
+        except ApiError as err:
+            raise named_as_sent(err, target[0], name) from None
         state, _ = self.core.read(context)
         got = state.deployments.get(target[0])
         if got is None:
@@ -658,9 +671,11 @@ class DeploymentsServicer(api_pb2_grpc.DeploymentsServicer):
         name = request.name
         rv = client_version(request.resource_version, "resource_version")
         already: list[int] = []
+        target = [name]
 
         def make(state: ControlState) -> c.Command | None:
             d = _visible_deployment(state, p, ref, name)
+            target[0] = d.id
             current = _meta(state, "deployment", d.id)
             if rv > 0 and current and rv != current:
                 raise ApiError(grpc.StatusCode.FAILED_PRECONDITION,
@@ -673,7 +688,10 @@ class DeploymentsServicer(api_pb2_grpc.DeploymentsServicer):
                                   self.core.now_ms())
             return cmd
 
-        r = self.core.update(context, make, retry=rv == 0)
+        try:
+            r = self.core.update(context, make, retry=rv == 0)
+        except ApiError as err:
+            raise named_as_sent(err, target[0], name) from None
         return api_pb2.DeleteResponse(revision=r.revision if r is not None else (already[-1] if already else 0))
 
 
