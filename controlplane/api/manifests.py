@@ -99,6 +99,13 @@ class Manifest:
         return f"{self.kind.lower()}/{self.name}"
 
     @property
+    def address(self) -> str:
+        """The name that Get/Delete/Explain requests give for this object: a deployment's
+        ``<tenant>/<name>`` (deployment names are per tenant; a tenant principal may qualify its own)."""
+        tenant = self.spec.get("tenant") if self.kind == "Deployment" else None
+        return f"{tenant}/{self.name}" if tenant else self.name
+
+    @property
     def where(self) -> str:
         line = f":{self.line}" if self.line else ""
         return f"{self.source}{line}: object {self.index} ({self.kind}/{self.name})"
