@@ -8,6 +8,9 @@ How a call is served (the proto header is the contract):
   valid bearer token before a servicer runs; every method then resolves its principal and applies
   the tenant rules itself (another tenant's objects are NOT_FOUND, lists are filtered, cluster, zone,
   token and membership methods need an admin: PERMISSION_DENIED).
+* **Deployment names** are per tenant (:mod:`controlplane.api.names`): a request's name is resolved
+  to the id ``<tenant>/<name>`` (or a legacy unqualified id of that tenant), answers give the local
+  name with the tenant beside it, and errors name the deployment as the request did.
 * **Writes** become one replicated command in a one-command batch, submitted through the local Raft
   node (a follower forwards it to the leader; the call returns once this node applied it) and never
   fenced (API writes are not the control loop's). The command's ``ApplyResult.code`` maps to the
@@ -174,12 +177,6 @@ class ApiError(Exception):
 
 def not_found(kind: str, ident: str) -> ApiError:
     return ApiError(grpc.StatusCode.NOT_FOUND, f"{kind} {lim.clip(ident)} not found")
-
-
-def already_exists(kind: str, ident: str) -> ApiError:
-    """The answer for a create whose name exists: worded as the state machine's ``AlreadyExists``, so
-    a name taken by another tenant reads exactly like one's own (see docs/security.md "Names")."""
-    return ApiError(grpc.StatusCode.ALREADY_EXISTS, f"{kind} {ident!r} already exists")
 
 
 def named_as_sent(err: ApiError, ident: str, sent: str) -> ApiError:
