@@ -423,6 +423,8 @@ def print_objects(s: Session, kind: str, results: list[tuple[cfgmod.Context, lis
         for ctx, objs in results:
             for o in objs:
                 name = o.id if kind == "Token" else o.metadata.name
+                if kind == "Deployment":  # names are per tenant: the form every principal may send back
+                    name = f"{o.spec.tenant}/{name}"
                 prefix = f"{ctx.name}/" if s.multi else ""
                 s.out.write(f"{prefix}{kind.lower()}/{name}\n")
         return
