@@ -22,20 +22,15 @@ from controlplane.domain.errors import clip
 from controlplane.domain.ids import QUALIFIER, DeploymentId, deployment_id_problem, id_problem, qualified_id
 from controlplane.domain.state import ControlState
 
-__all__ = ["check_local_name", "request_ref", "resolve"]
+__all__ = ["refuse_qualified", "request_ref", "resolve"]
 
 
-def check_local_name(value: str, field: str = "metadata.name") -> str:
-    """``value`` if it is a valid tenant-local deployment name (one DNS-1123 label)."""
-    if not value:
-        raise cv.invalid(field, "required")
+def refuse_qualified(value: str, field: str = "metadata.name") -> None:
+    """INVALID_ARGUMENT when ``value`` (a deployment's ``metadata.name``) is qualified: it is the name
+    within ``spec.tenant``. Everything else about it is checked with the rest of the message."""
     if QUALIFIER in value:
         raise cv.invalid(field, f"{clip(value)} is qualified: {field} is the name within the tenant "
                                 "(one label, e.g. 'chat'); the tenant goes in spec.tenant")
-    problem = id_problem(value)
-    if problem:
-        raise cv.invalid(field, problem)
-    return value
 
 
 def request_ref(p: Principal, value: str, field: str, tenant: str = "") -> tuple[str, str]:

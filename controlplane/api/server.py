@@ -58,6 +58,7 @@ from grpc_reflection.v1alpha import reflection
 
 from controlplane.api import convert as cv
 from controlplane.api import limits as lim
+from controlplane.api import names
 from controlplane.api.admin import Membership, NodeStatus, for_tenant, to_proto
 from controlplane.api.auth import (
     Authenticator,
@@ -69,7 +70,6 @@ from controlplane.api.auth import (
     bearer_of,
     same_shape_handler,
 )
-from controlplane.api import names
 from controlplane.api.channel import channel_options
 from controlplane.api.v1 import admin_pb2, admin_pb2_grpc, api_pb2, api_pb2_grpc
 from controlplane.config import CoordinatorConfig
@@ -601,7 +601,7 @@ class DeploymentsServicer(api_pb2_grpc.DeploymentsServicer):
     @_guarded
     def ApplyDeployment(self, request: api_pb2.ApplyDeploymentRequest, context: grpc.ServicerContext) -> api_pb2.Deployment:
         p = self.core.auth.principal(context)
-        names.check_local_name(request.deployment.metadata.name, "metadata.name")
+        names.refuse_qualified(request.deployment.metadata.name, "metadata.name")
         d = cv.deployment_from_proto(request.deployment)  # d.id: the name within the tenant
         if not p.sees_tenant(d.tenant):
             raise not_found("tenant", d.tenant)
@@ -1050,12 +1050,13 @@ class ScalingServicer(api_pb2_grpc.ScalingServicer):
     @_guarded
     def DryRun(self, request: api_pb2.DryRunRequest, context: grpc.ServicerContext) -> api_pb2.DryRunResult:
         p = self.core.auth.principal(context)
-        names.check_local_name(request.deployment.metadata.name, "deployment.metadata.name")
+        names.refuse_qualified(request.deployment.metadata.name, "deployment.metadata.name")
         d = cv.deployment_from_proto(request.deployment)
         if not p.sees_tenant(d.tenant):
             raise not_found("tenant", d.tenant)
         state = self.core.node.state_copy()
-        d = dataclasses.replace(d, id=names.resolve(state, d.tenant, d.id))  # d.tenant's own (names are per tenant)
+        sent = d.id
+        d = dataclasses.replace(d, id=names.resolve(state, d.tenant, sent))  # d.tenant's own (names are per tenant)
         existing = state.deployments.get(d.id)
         if d.tenant not in state.tenants:
             raise not_found("tenant", d.tenant)
@@ -1080,7 +1081,7 @@ class ScalingServicer(api_pb2_grpc.ScalingServicer):
             changes=[api_pb2.FieldChange(field=str(f), before=str(b), after=str(a)) for f, b, a in out.changes],
             current_replicas=out.current_replicas, target_before=out.target_before, target_after=out.target_after,
             warm_pool_after=out.warm_pool_after, reason_after=out.reason_after, message_after=out.message_after,
-            notes=list(out.notes), live_signals=live,
+            notes=[n.replace(repr(d.id), repr(sent)) for n in out.notes], live_signals=live,  # named as sent
         )
 
 
@@ -1352,8 +1353,8 @@ def serve(cfg: CoordinatorConfig, node: NodeView, *, status: Callable[[], NodeSt
     admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(core, status, members), server)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    names = (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
-    reflection.enable_server_reflection(names, server)
+    reflected = (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
+    reflection.enable_server_reflection(reflected, server)
     address = address or cfg.api_address
     creds = server_credentials(cfg)
     try:

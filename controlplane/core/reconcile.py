@@ -194,7 +194,9 @@ def cluster_key(cluster_id: str) -> str:
 
 
 def deployment_key(cluster_id: str, deployment_id: str) -> str:
-    return br.breaker_key("deployment", cluster_id, deployment_id)
+    # A qualified id's tenant and name are two parts ("deployment/c1/alpha/chat"; no part holds '/'),
+    # a legacy id one ("deployment/c1/chat", as before): the part count keeps the two apart.
+    return br.breaker_key("deployment", cluster_id, *deployment_id.split("/"))
 
 
 class _Breakers:

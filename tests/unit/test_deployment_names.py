@@ -5,6 +5,7 @@ DNS-1123 label without '/', distinct across tenants; legacy (unqualified) ids ke
 
 from __future__ import annotations
 
+import random
 import re
 
 import pytest
@@ -29,6 +30,8 @@ from controlplane.domain.ids import (
     qualified_id,
     split_deployment_id,
 )
+from controlplane.domain.instances import InstanceEvent
+from controlplane.domain.observations import InstanceReport, Observations
 from controlplane.domain.state import ControlState, apply, snapshot
 from controlplane.domain.tenants import Deployment, Engine, Tenant
 from controlplane.domain.topology import Cluster
@@ -144,6 +147,25 @@ def test_two_tenants_own_chat_end_to_end_with_valid_distinct_instance_ids() -> N
         assert id_problem(iid) is None and "/" not in iid, iid
     [added] = started - set(iids)
     assert added.startswith(instance_prefix("bravo/chat") + "-s1-")
+
+
+def test_warmup_failures_of_a_qualified_id_open_its_own_breaker() -> None:
+    """Breaker keys join parts with '/': a qualified id is two parts, a legacy id one, so keys never
+    collide and never fail (the demo found ``tick_failed: breaker_key.parts[1]: 'bronze/batch'``)."""
+    assert r.deployment_key("c1", "alpha/chat") == "deployment/c1/alpha/chat"
+    assert r.deployment_key("c1", "chat") == "deployment/c1/chat"  # as before: existing records still apply
+    assert r.deployment_key("c1", "alpha-chat") != r.deployment_key("c1", "alpha/chat")
+    state = two_chats()
+    plan = r.plan(state, {d: None for d in state.deployments}, {}, T0, r.ReconcileConfig())
+    commit(state, *plan.commands)
+    mine = sorted(i.id for i in state.instances_of(DeploymentId("bravo/chat")))
+    commit(state, *(c.TransitionInstance(i, InstanceEvent.START_WARMUP, T0 + 1) for i in mine))
+    failed = Observations(T0 + 10, reports=tuple(InstanceReport(i, InstanceEvent.WARMUP_FAILED.value, T0 + 10 + k)
+                                                 for k, i in enumerate(mine)))
+    out = r.facts(state, failed, (), T0 + 20, r.ReconcileConfig(), random.Random(7))
+    commit(state, *out)
+    touched = [x.key for x in out if isinstance(x, c.PutBreaker)]
+    assert touched and set(touched) == {"deployment/c1/bravo/chat"}, touched
 
 
 def _lease():  # type: ignore[no-untyped-def]
