@@ -386,6 +386,9 @@ def parse_object(data: Any, source: str, index: int, node: yaml.Node | None = No
             problem(["metadata", key], "unknown field (expected name, resourceVersion)")
         if name is None:
             problem(["metadata", "name"], "required")
+        elif kind == "Deployment" and isinstance(name, str) and "/" in name:
+            problem(["metadata", "name"], f"{_short(name)} is qualified: metadata.name is the name within the "
+                                          "tenant (one label, e.g. 'chat'); the tenant goes in spec.tenant")
         else:
             why = id_problem(name)
             if why:
