@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from adapters.backend import MAX_GPUS_PER_INSTANCE, MAX_REPLICAS, InstanceCommand, ScaleCommand
 from controlplane.domain.errors import NotFound, ValidationError
-from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId, instance_prefix
+from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId, deployment_id_problem, instance_prefix
 from controlplane.domain.observations import Observations
 from controlplane.domain.profiles import PROFILES, ModelProfile
 from controlplane.runtime.clock import wall_ms
@@ -53,6 +53,8 @@ class SimDeploymentConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     deployment: str = Field(min_length=1)
+    """The deployment id (``team-a/chat`` for one created through the API, a configured id ``chat``),
+    or ``*`` in ``default``."""
     model: str = "llama3-8b-h100"
     cold_start_ms: int | None = Field(None, ge=0, le=3_600_000)
     """Overrides the model profile's cold start (image pull + weights + engine start)."""
@@ -85,6 +87,14 @@ class SimDeploymentConfig(BaseModel):
         p = PROFILES[self.model]
         return replace(p, cold_start_ms=self.cold_start_ms if self.cold_start_ms is not None else p.cold_start_ms,
                        warm_start_ms=self.warm_start_ms if self.warm_start_ms is not None else p.warm_start_ms)
+
+    @field_validator("deployment")
+    @classmethod
+    def _deployment_id(cls, value: str) -> str:
+        problem = None if value == "*" else deployment_id_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
 
 
 class SimulatedConfig(BaseModel):
