@@ -268,7 +268,7 @@ class SimulatedBackend:
     def scale(self, command: ScaleCommand, now_ms: int) -> None:
         """Drain ``victims`` first, then create or drain instances until ``replicas`` are not
         draining; drained instances finish their requests for up to ``SCALE_DRAIN_TIMEOUT_MS``. New
-        instances are named ``<deployment>-<request id>-<k>``."""
+        instances are named ``<deployment>-<request id>-<k>`` (a qualified id: its ``instance_prefix``)."""
         dep = DeploymentId(command.deployment_id)
         if not 0 <= command.replicas <= MAX_REPLICAS:
             raise ValidationError("replicas", f"must be between 0 and {MAX_REPLICAS}, got {command.replicas}")
@@ -284,8 +284,9 @@ class SimulatedBackend:
                 self.fleet.execute("drain", _Ref(InstanceId(victim), dep, self.cluster_id, 1), deadline, self._now_ms)
             active = sorted(i for i, s in live.items() if s.phase != "draining")
             gpus = PROFILES[self._cfg[dep].model].gpus_per_instance
+            prefix = instance_prefix(dep) if "/" in dep else dep  # a qualified id's '/' stays out; others as before
             for k in range(command.replicas - len(active)):
-                ref = _Ref(InstanceId(f"{instance_prefix(dep)}-{command.request_id}-{k}"), dep, self.cluster_id, gpus)
+                ref = _Ref(InstanceId(f"{prefix}-{command.request_id}-{k}"), dep, self.cluster_id, gpus)
                 self.fleet.execute("create", ref, 0, self._now_ms)
             for extra in active[command.replicas:] if len(active) > command.replicas else []:
                 self.fleet.execute("drain", _Ref(InstanceId(extra), dep, self.cluster_id, gpus), deadline, self._now_ms)
