@@ -49,7 +49,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from urllib3.exceptions import HTTPError as Urllib3Error
 
 from adapters.backend import MAX_REPLICAS, FenceToken, InstanceCommand, ScaleCommand
@@ -68,7 +68,7 @@ from controlplane.domain.errors import (
     Unavailable,
     ValidationError,
 )
-from controlplane.domain.ids import DeploymentId, InstanceId
+from controlplane.domain.ids import DeploymentId, InstanceId, deployment_id_problem
 from controlplane.domain.observations import (
     InstanceReport,
     InstanceSample,
@@ -108,7 +108,8 @@ class WorkloadConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    deployment: str = Field(min_length=1, description="controlplane deployment id")
+    deployment: str = Field(min_length=1, description="controlplane deployment id: '<tenant>/<name>' for one created "
+                            "through the API (names are per tenant), or a legacy / scenario id (one label)")
     namespace: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
     kind: Literal["Deployment", "StatefulSet"]
     name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
@@ -117,6 +118,14 @@ class WorkloadConfig(BaseModel):
     metrics_port: int | None = Field(default=None, ge=1, le=65535, description="Triton default 8002")
     model: str | None = Field(default=None, min_length=1, description="Triton model / MII deployment name")
     grpc_port: int = Field(default=50050, ge=1, le=65535, description="DeepSpeed-MII load-balancer port")
+
+    @field_validator("deployment")
+    @classmethod
+    def _deployment_id(cls, value: str) -> str:
+        problem = deployment_id_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
 
     @model_validator(mode="after")
     def _engine_fields(self) -> WorkloadConfig:

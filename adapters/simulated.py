@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from adapters.backend import MAX_GPUS_PER_INSTANCE, MAX_REPLICAS, InstanceCommand, ScaleCommand
 from controlplane.domain.errors import NotFound, ValidationError
-from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId
+from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId, deployment_id_problem, instance_prefix
 from controlplane.domain.observations import Observations
 from controlplane.domain.profiles import PROFILES, ModelProfile
 from controlplane.runtime.clock import wall_ms
@@ -53,6 +53,8 @@ class SimDeploymentConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     deployment: str = Field(min_length=1)
+    """The deployment id (``team-a/chat`` for one created through the API, a configured id ``chat``),
+    or ``*`` in ``default``."""
     model: str = "llama3-8b-h100"
     cold_start_ms: int | None = Field(None, ge=0, le=3_600_000)
     """Overrides the model profile's cold start (image pull + weights + engine start)."""
@@ -85,6 +87,14 @@ class SimDeploymentConfig(BaseModel):
         p = PROFILES[self.model]
         return replace(p, cold_start_ms=self.cold_start_ms if self.cold_start_ms is not None else p.cold_start_ms,
                        warm_start_ms=self.warm_start_ms if self.warm_start_ms is not None else p.warm_start_ms)
+
+    @field_validator("deployment")
+    @classmethod
+    def _deployment_id(cls, value: str) -> str:
+        problem = None if value == "*" else deployment_id_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
 
 
 class SimulatedConfig(BaseModel):
@@ -258,7 +268,7 @@ class SimulatedBackend:
     def scale(self, command: ScaleCommand, now_ms: int) -> None:
         """Drain ``victims`` first, then create or drain instances until ``replicas`` are not
         draining; drained instances finish their requests for up to ``SCALE_DRAIN_TIMEOUT_MS``. New
-        instances are named ``<deployment>-<request id>-<k>``."""
+        instances are named ``<deployment>-<request id>-<k>`` (a qualified id: its ``instance_prefix``)."""
         dep = DeploymentId(command.deployment_id)
         if not 0 <= command.replicas <= MAX_REPLICAS:
             raise ValidationError("replicas", f"must be between 0 and {MAX_REPLICAS}, got {command.replicas}")
@@ -274,8 +284,9 @@ class SimulatedBackend:
                 self.fleet.execute("drain", _Ref(InstanceId(victim), dep, self.cluster_id, 1), deadline, self._now_ms)
             active = sorted(i for i, s in live.items() if s.phase != "draining")
             gpus = PROFILES[self._cfg[dep].model].gpus_per_instance
+            prefix = instance_prefix(dep) if "/" in dep else dep  # a qualified id's '/' stays out; others as before
             for k in range(command.replicas - len(active)):
-                ref = _Ref(InstanceId(f"{dep}-{command.request_id}-{k}"), dep, self.cluster_id, gpus)
+                ref = _Ref(InstanceId(f"{prefix}-{command.request_id}-{k}"), dep, self.cluster_id, gpus)
                 self.fleet.execute("create", ref, 0, self._now_ms)
             for extra in active[command.replicas:] if len(active) > command.replicas else []:
                 self.fleet.execute("drain", _Ref(InstanceId(extra), dep, self.cluster_id, gpus), deadline, self._now_ms)

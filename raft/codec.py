@@ -73,7 +73,7 @@ __all__ = [
 CODEC_VERSION = 2
 """Version of the wire format. Bump it on any incompatible change (and keep a reader for the old one
 once a release has data to upgrade)."""
-WRITTEN_FOR_COMMAND_VERSION = 4
+WRITTEN_FOR_COMMAND_VERSION = 5
 """The ``COMMAND_VERSION`` the tables below describe; import fails if the commands moved on."""
 MAX_PAYLOAD_BYTES = 16 * 1024 * 1024
 """Largest payload :func:`decode` reads and :func:`encode` writes (commands and snapshots alike)."""

@@ -25,7 +25,7 @@ from pydantic import BaseModel
 from controlplane.api.limits import clip_path
 from controlplane.api.v1 import api_pb2
 from controlplane.domain.errors import ValidationError
-from controlplane.domain.ids import id_problem
+from controlplane.domain.ids import id_problem, local_name
 from controlplane.domain.records import ObjectMeta
 from controlplane.domain.state import ControlState
 from controlplane.domain.tenants import Deployment, Tenant
@@ -216,7 +216,7 @@ def deployment_to_proto(state: ControlState, d: Deployment, *, instances: bool =
         status.reason = desired.reason
         status.decided_ms = desired.at_ms
     return api_pb2.Deployment(
-        metadata=meta_to_proto(d.id, meta_of(state, "deployment", d.id)),
+        metadata=meta_to_proto(local_name(d.id), meta_of(state, "deployment", d.id)),
         spec=api_pb2.DeploymentSpec(tenant=d.tenant, engine=d.engine.value, model=d.model, pool=d.pool,
                                     min_replicas=d.min_replicas, max_replicas=d.max_replicas,
                                     warm_pool=d.warm_pool, policy=policy),

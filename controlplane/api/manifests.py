@@ -99,6 +99,13 @@ class Manifest:
         return f"{self.kind.lower()}/{self.name}"
 
     @property
+    def address(self) -> str:
+        """The name that Get/Delete/Explain requests give for this object: a deployment's
+        ``<tenant>/<name>`` (deployment names are per tenant; a tenant principal may qualify its own)."""
+        tenant = self.spec.get("tenant") if self.kind == "Deployment" else None
+        return f"{tenant}/{self.name}" if tenant else self.name
+
+    @property
     def where(self) -> str:
         line = f":{self.line}" if self.line else ""
         return f"{self.source}{line}: object {self.index} ({self.kind}/{self.name})"
@@ -379,6 +386,9 @@ def parse_object(data: Any, source: str, index: int, node: yaml.Node | None = No
             problem(["metadata", key], "unknown field (expected name, resourceVersion)")
         if name is None:
             problem(["metadata", "name"], "required")
+        elif kind == "Deployment" and isinstance(name, str) and "/" in name:
+            problem(["metadata", "name"], f"{_short(name)} is qualified: metadata.name is the name within the "
+                                          "tenant (one label, e.g. 'chat'); the tenant goes in spec.tenant")
         else:
             why = id_problem(name)
             if why:

@@ -8,6 +8,9 @@ How a call is served (the proto header is the contract):
   valid bearer token before a servicer runs; every method then resolves its principal and applies
   the tenant rules itself (another tenant's objects are NOT_FOUND, lists are filtered, cluster, zone,
   token and membership methods need an admin: PERMISSION_DENIED).
+* **Deployment names** are per tenant (:mod:`controlplane.api.names`): a request's name is resolved
+  to the id ``<tenant>/<name>`` (or a legacy unqualified id of that tenant), answers give the local
+  name with the tenant beside it, and errors name the deployment as the request did.
 * **Writes** become one replicated command in a one-command batch, submitted through the local Raft
   node (a follower forwards it to the leader; the call returns once this node applied it) and never
   fenced (API writes are not the control loop's). The command's ``ApplyResult.code`` maps to the
@@ -55,6 +58,7 @@ from grpc_reflection.v1alpha import reflection
 
 from controlplane.api import convert as cv
 from controlplane.api import limits as lim
+from controlplane.api import names
 from controlplane.api.admin import Membership, NodeStatus, for_tenant, to_proto
 from controlplane.api.auth import (
     Authenticator,
@@ -74,14 +78,14 @@ from controlplane.domain.errors import (
     CommitTimeout,
     ControlPlaneError,
     LeadershipLost,
-    LimitExceeded,
     NotLeader,
     PermanentError,
     QueueFull,
     Unavailable,
     ValidationError,
 )
-from controlplane.domain.state import ApplyResult, ControlState, check_limit
+from controlplane.domain.ids import local_name, qualified_id
+from controlplane.domain.state import ApplyResult, ControlState
 from controlplane.domain.tenants import Deployment
 from controlplane.domain.tokens import MAX_DESCRIPTION, Role, TokenRecord
 from controlplane.domain.topology import Zone
@@ -175,10 +179,14 @@ def not_found(kind: str, ident: str) -> ApiError:
     return ApiError(grpc.StatusCode.NOT_FOUND, f"{kind} {lim.clip(ident)} not found")
 
 
-def already_exists(kind: str, ident: str) -> ApiError:
-    """The answer for a create whose name exists: worded as the state machine's ``AlreadyExists``, so
-    a name taken by another tenant reads exactly like one's own (see docs/security.md "Names")."""
-    return ApiError(grpc.StatusCode.ALREADY_EXISTS, f"{kind} {ident!r} already exists")
+def named_as_sent(err: ApiError, ident: str, sent: str) -> ApiError:
+    """``err`` (from the state machine, which names deployment ids) naming the deployment as the client
+    did: a tenant never reads its own qualified id where it sent a bare name."""
+    if ident == sent:
+        return err
+    message = err.message.replace(repr(ident), repr(sent))
+    violations = [(f, p.replace(repr(ident), repr(sent))) for f, p in err.violations]
+    return dataclasses.replace(err, message=message, violations=violations)
 
 
 def permission_denied(what: str) -> ApiError:
@@ -504,28 +512,18 @@ class ApiCore:
             self._channels.clear()
 
 
-def without_deployment(state: ControlState, deployment_id: str) -> ControlState:
-    """A copy of ``state`` in which ``deployment_id`` never existed (its instances, desired count,
-    memory and metadata gone; the GPUs its instances hold still count as used: capacity is shared)."""
-    def drop(table: dict[Any, Any]) -> dict[Any, Any]:
-        return {k: v for k, v in table.items() if k != deployment_id}
-
-    return dataclasses.replace(
-        state, deployments=drop(state.deployments), desired=drop(state.desired), memory=drop(state.memory),
-        by_deployment=drop(state.by_deployment),
-        instances={k: i for k, i in state.instances.items() if i.deployment != deployment_id},
-        meta={k: m for k, m in state.meta.items() if k != f"deployment/{deployment_id}"})
-
-
 def _meta(state: ControlState, kind: str, ident: str) -> int:
     m = cv.meta_of(state, kind, ident)
     return m.resource_version if m is not None else 0
 
 
-def _visible_deployment(state: ControlState, p: Principal, name: str) -> Deployment:
-    d = state.deployments.get(name)
-    if d is None or not p.sees_tenant(d.tenant):
-        raise not_found("deployment", name)
+def _visible_deployment(state: ControlState, p: Principal, ref: tuple[str, str], sent: str) -> Deployment:
+    """The deployment ``ref`` (``(tenant, name)`` from :func:`names.request_ref`) if ``p`` sees it, else
+    NOT_FOUND naming what the client ``sent``: another tenant's deployment reads as a free name."""
+    tenant, name = ref
+    d = state.deployments.get(names.resolve(state, tenant, name)) if p.sees_tenant(tenant) else None
+    if d is None:
+        raise not_found("deployment", sent)
     return d
 
 
@@ -603,56 +601,52 @@ class DeploymentsServicer(api_pb2_grpc.DeploymentsServicer):
     @_guarded
     def ApplyDeployment(self, request: api_pb2.ApplyDeploymentRequest, context: grpc.ServicerContext) -> api_pb2.Deployment:
         p = self.core.auth.principal(context)
-        d = cv.deployment_from_proto(request.deployment)
+        names.refuse_qualified(request.deployment.metadata.name, "metadata.name")
+        d = cv.deployment_from_proto(request.deployment)  # d.id: the name within the tenant
         if not p.sees_tenant(d.tenant):
             raise not_found("tenant", d.tenant)
         rv = client_version(request.deployment.metadata.resource_version, "metadata.resource_version")
+        name = d.id
+        target = [qualified_id(d.tenant, name)]  # set by make() to the id it wrote
         if request.create_only and rv:
             raise cv.invalid("metadata.resource_version", "must be 0 (unset) with create_only")
 
         cap = self.core.cfg.api_max_deployments_per_tenant
 
         def make(state: ControlState) -> c.Command | None:
-            existing = state.deployments.get(d.id)
-            current = _meta(state, "deployment", d.id)
-            hidden = existing is not None and not p.sees_tenant(existing.tenant)
-            if (existing is None or hidden) and rv > 0:
-                raise not_found("deployment", d.id)
-            if hidden:
-                # Another tenant's name (ids are global): answered as a create of an existing name
-                # is, after the limit check a free name would get (docs/security.md "Names").
-                try:
-                    check_limit(cap, "deployments", d.tenant,
-                                lambda: sum(1 for x in state.deployments.values() if x.tenant == d.tenant), creates=True)
-                except LimitExceeded as exc:
-                    raise ApiError(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{exc} (api_max_deployments_per_tenant)",
-                                   ((lim.LIMIT_KEY, "api_max_deployments_per_tenant"),)) from None
-                raise already_exists("deployment", d.id)
+            # Names are per tenant (docs/security.md "Names"): the id is d.tenant's own, whatever
+            # another tenant owns.
+            target[0] = ident = names.resolve(state, d.tenant, name)
+            existing = state.deployments.get(ident)
+            current = _meta(state, "deployment", ident)
             if existing is not None and existing.deleting:
                 raise ApiError(grpc.StatusCode.FAILED_PRECONDITION,
-                               f"deployment {d.id!r} is being deleted; apply it again once it is gone",
+                               f"deployment {name!r} is being deleted; apply it again once it is gone",
                                (("cp-error", "conflict"),))
             if existing is None and rv > 0:
-                raise not_found("deployment", d.id)
+                raise not_found("deployment", name)
             created = existing.created_ms if existing is not None else self.core.now_ms()
-            new = dataclasses.replace(d, created_ms=created)
+            new = dataclasses.replace(d, id=ident, created_ms=created)
             expect = c.MUST_NOT_EXIST if request.create_only else self.core.expect(rv, current, existing is not None)
             return c.PutDeployment(new, expect, self.core.now_ms(), cap)
 
-        self.core.update(context, make, retry=rv == 0 and not request.create_only,
-                         limit="api_max_deployments_per_tenant")
+        try:
+            self.core.update(context, make, retry=rv == 0 and not request.create_only,
+                             limit="api_max_deployments_per_tenant")
+        except ApiError as err:
+            raise named_as_sent(err, target[0], name) from None
         state, _ = self.core.read(context)
-        got = state.deployments.get(d.id)
+        got = state.deployments.get(target[0])
         if got is None:
-            raise not_found("deployment", d.id)
+            raise not_found("deployment", name)
         return cv.deployment_to_proto(state, got)
 
     @_guarded
     def GetDeployment(self, request: api_pb2.GetRequest, context: grpc.ServicerContext) -> api_pb2.Deployment:
         p = self.core.auth.principal(context)
-        name = cv.check_name(request.name)
+        ref = names.request_ref(p, request.name, "name")
         state, _ = self.core.read(context, request.read)
-        return cv.deployment_to_proto(state, _visible_deployment(state, p, name))
+        return cv.deployment_to_proto(state, _visible_deployment(state, p, ref, request.name))
 
     @_guarded
     def ListDeployments(self, request: api_pb2.ListRequest, context: grpc.ServicerContext) -> api_pb2.DeploymentList:
@@ -662,7 +656,7 @@ class DeploymentsServicer(api_pb2_grpc.DeploymentsServicer):
         state, info = self.core.read(context, request.read)
         items = [
             cv.deployment_to_proto(state, d, instances=False)
-            for _, d in sorted(state.deployments.items())
+            for d in sorted(state.deployments.values(), key=lambda d: (d.tenant, local_name(d.id)))
             if p.sees_tenant(d.tenant) and (not request.tenant or d.tenant == request.tenant)
         ]
         return api_pb2.DeploymentList(items=items, read=info)
@@ -670,13 +664,16 @@ class DeploymentsServicer(api_pb2_grpc.DeploymentsServicer):
     @_guarded
     def DeleteDeployment(self, request: api_pb2.DeleteRequest, context: grpc.ServicerContext) -> api_pb2.DeleteResponse:
         p = self.core.auth.principal(context)
-        name = cv.check_name(request.name)
+        ref = names.request_ref(p, request.name, "name")
+        name = request.name
         rv = client_version(request.resource_version, "resource_version")
         already: list[int] = []
+        target = [name]
 
         def make(state: ControlState) -> c.Command | None:
-            d = _visible_deployment(state, p, name)
-            current = _meta(state, "deployment", name)
+            d = _visible_deployment(state, p, ref, name)
+            target[0] = d.id
+            current = _meta(state, "deployment", d.id)
             if rv > 0 and current and rv != current:
                 raise ApiError(grpc.StatusCode.FAILED_PRECONDITION,
                                f"deployment {name!r} is at resource_version {current}, not {rv}: it changed since you read it",
@@ -688,7 +685,10 @@ class DeploymentsServicer(api_pb2_grpc.DeploymentsServicer):
                                   self.core.now_ms())
             return cmd
 
-        r = self.core.update(context, make, retry=rv == 0)
+        try:
+            r = self.core.update(context, make, retry=rv == 0)
+        except ApiError as err:
+            raise named_as_sent(err, target[0], name) from None
         return api_pb2.DeleteResponse(revision=r.revision if r is not None else (already[-1] if already else 0))
 
 
@@ -887,12 +887,18 @@ def _live_to_proto(live: Any) -> api_pb2.LiveDecision:
 
 
 def _event_to_proto(ev: Any, served_by: str) -> api_pb2.Event:
+    # Deployments are named within their tenant (``tenant`` says which); instance names are global.
+    name = local_name(ev.name) if ev.kind in _DEPLOYMENT_NAMED else ev.name
     return api_pb2.Event(
-        revision=ev.revision, at_ms=ev.at_ms, type=ev.type, kind=ev.kind, name=ev.name, tenant=ev.tenant,
-        deployment=ev.deployment, from_state=ev.from_state, to_state=ev.to_state, event=ev.event,
+        revision=ev.revision, at_ms=ev.at_ms, type=ev.type, kind=ev.kind, name=name, tenant=ev.tenant,
+        deployment=local_name(ev.deployment), from_state=ev.from_state, to_state=ev.to_state, event=ev.event,
         cluster=ev.cluster, zone=ev.zone, replicas=ev.replicas, warm_pool=ev.warm_pool, reason=ev.reason,
         message=ev.message, served_by=served_by,
     )
+
+
+_DEPLOYMENT_NAMED = ("Deployment", "Decision")
+"""Event kinds whose ``name`` is a deployment id."""
 
 
 def event_filter(p: Principal, request: api_pb2.WatchRequest) -> Callable[[Any], bool]:
@@ -900,9 +906,14 @@ def event_filter(p: Principal, request: api_pb2.WatchRequest) -> Callable[[Any],
     no tenant, are for admins), then the request's deployment / tenant / kinds filters."""
     kinds = frozenset(request.kinds)
     tenant = request.tenant if p.is_admin else p.tenant
-    deployment = request.deployment
     if not p.sees_tenant(request.tenant or p.tenant):
         return lambda ev: False  # another tenant's events do not exist for this principal
+    ids: frozenset[str] = frozenset()
+    if request.deployment:
+        owner, name = names.request_ref(p, request.deployment, "deployment", request.tenant)
+        if not p.sees_tenant(owner):
+            return lambda ev: False  # as for a free name
+        tenant, ids = owner, frozenset((qualified_id(owner, name), name))  # its qualified or legacy id
 
     def match(ev: Any) -> bool:
         if tenant and ev.tenant != tenant:
@@ -911,8 +922,8 @@ def event_filter(p: Principal, request: api_pb2.WatchRequest) -> Callable[[Any],
             return False
         if kinds and ev.kind not in kinds:
             return False
-        named = ev.kind in ("Deployment", "Decision") and ev.name == deployment
-        return not deployment or ev.deployment == deployment or named
+        named = ev.kind in _DEPLOYMENT_NAMED and ev.name in ids
+        return not ids or ev.deployment in ids or named
 
     return match
 
@@ -930,13 +941,13 @@ class ScalingServicer(api_pb2_grpc.ScalingServicer):
     @_guarded
     def Explain(self, request: api_pb2.ExplainRequest, context: grpc.ServicerContext) -> api_pb2.Explanation:
         p = self.core.auth.principal(context)
-        name = cv.check_name(request.deployment, "deployment")
+        ref = names.request_ref(p, request.deployment, "deployment")
         if request.limit < 0:
             raise cv.invalid("limit", f"must be >= 0, got {request.limit}")
         limit = min(request.limit or DEFAULT_EXPLAIN_LIMIT, MAX_EXPLAIN_LIMIT)
         state, info = self.core.read(context)
-        d = _visible_deployment(state, p, name)
-        out = api_pb2.Explanation(deployment=d.id, tenant=d.tenant, read=info)
+        d = _visible_deployment(state, p, ref, request.deployment)
+        out = api_pb2.Explanation(deployment=local_name(d.id), tenant=d.tenant, read=info)
         desired = state.desired.get(d.id)
         if desired is not None:
             out.desired_replicas = desired.replicas
@@ -949,7 +960,7 @@ class ScalingServicer(api_pb2_grpc.ScalingServicer):
                 out.live.CopyFrom(_live_to_proto(live))
         else:
             reply = self.core.forward(context, lambda ch, md: api_pb2_grpc.ScalingStub(ch).Explain(
-                api_pb2.ExplainRequest(deployment=d.id, limit=1), timeout=FORWARD_DEADLINE_S, metadata=md))
+                api_pb2.ExplainRequest(deployment=request.deployment, limit=1), timeout=FORWARD_DEADLINE_S, metadata=md))
             rec = self._lease_holder()
             out.lease_holder = reply.lease_holder if reply is not None and reply.lease_holder else rec
             if reply is not None and reply.HasField("live"):
@@ -971,8 +982,6 @@ class ScalingServicer(api_pb2_grpc.ScalingServicer):
                 raise cv.invalid(f"kinds[{i}]", f"unknown kind {lim.clip(kind)} (one of {', '.join(WATCH_KINDS)})")
         if request.tenant:
             cv.check_name(request.tenant, "tenant")
-        if request.deployment:
-            cv.check_name(request.deployment, "deployment")
         if request.HasField("since_revision") and request.since_revision < 0:
             raise cv.invalid("since_revision", f"must be >= 0, got {request.since_revision}")
         events = self._events()
@@ -1041,15 +1050,14 @@ class ScalingServicer(api_pb2_grpc.ScalingServicer):
     @_guarded
     def DryRun(self, request: api_pb2.DryRunRequest, context: grpc.ServicerContext) -> api_pb2.DryRunResult:
         p = self.core.auth.principal(context)
+        names.refuse_qualified(request.deployment.metadata.name, "deployment.metadata.name")
         d = cv.deployment_from_proto(request.deployment)
         if not p.sees_tenant(d.tenant):
             raise not_found("tenant", d.tenant)
         state = self.core.node.state_copy()
+        sent = d.id
+        d = dataclasses.replace(d, id=names.resolve(state, d.tenant, sent))  # d.tenant's own (names are per tenant)
         existing = state.deployments.get(d.id)
-        if existing is not None and not p.sees_tenant(existing.tenant):
-            # Another tenant's name: answered exactly as a free name (docs/security.md "Names"): as if
-            # that deployment, its instances and its scaling memory were not there.
-            state, existing = without_deployment(state, d.id), None
         if d.tenant not in state.tenants:
             raise not_found("tenant", d.tenant)
         signals = None
@@ -1073,7 +1081,7 @@ class ScalingServicer(api_pb2_grpc.ScalingServicer):
             changes=[api_pb2.FieldChange(field=str(f), before=str(b), after=str(a)) for f, b, a in out.changes],
             current_replicas=out.current_replicas, target_before=out.target_before, target_after=out.target_after,
             warm_pool_after=out.warm_pool_after, reason_after=out.reason_after, message_after=out.message_after,
-            notes=list(out.notes), live_signals=live,
+            notes=[n.replace(repr(d.id), repr(sent)) for n in out.notes], live_signals=live,  # named as sent
         )
 
 
@@ -1345,8 +1353,8 @@ def serve(cfg: CoordinatorConfig, node: NodeView, *, status: Callable[[], NodeSt
     admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(core, status, members), server)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    names = (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
-    reflection.enable_server_reflection(names, server)
+    reflected = (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
+    reflection.enable_server_reflection(reflected, server)
     address = address or cfg.api_address
     creds = server_credentials(cfg)
     try:

@@ -183,7 +183,8 @@ class Group:
                     for t in client.call("Tenants", "ListTenants", api_pb2.ListRequest(), endpoint=ep).items:
                         view[f"tenant/{t.metadata.name}"] = (t.metadata.resource_version, str(t.spec))
                     for d in client.call("Deployments", "ListDeployments", api_pb2.ListRequest(), endpoint=ep).items:
-                        view[f"deployment/{d.metadata.name}"] = (d.metadata.resource_version, str(d.spec))
+                        # names are per tenant: two tenants may both own one
+                        view[f"deployment/{d.spec.tenant}/{d.metadata.name}"] = (d.metadata.resource_version, str(d.spec))
                     out[p.name] = view
                 except (ApiError, Unreachable):
                     continue

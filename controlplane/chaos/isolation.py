@@ -67,7 +67,10 @@ def every_method() -> list[tuple[str, str]]:
 
 
 def probe_requests(tenant: str, dep: str) -> dict[str, Any]:
-    """One request per method, naming ``tenant``'s objects wherever the method takes a name."""
+    """One request per method, naming ``tenant``'s objects wherever the method takes a name. Deployment
+    names are per tenant, so a bare ``dep`` from bravo names bravo's own: the probes name
+    ``tenant/dep``, the one way bravo can point at another tenant's deployment."""
+    ref = f"{tenant}/{dep}"
     reqs = {
         "CreateTenant": api_pb2.CreateTenantRequest(tenant=tenant_msg(tenant)),
         "GetTenant": api_pb2.GetRequest(name=tenant),
@@ -75,9 +78,9 @@ def probe_requests(tenant: str, dep: str) -> dict[str, Any]:
         "UpdateTenant": api_pb2.UpdateTenantRequest(tenant=tenant_msg(tenant, 9)),
         "DeleteTenant": api_pb2.DeleteRequest(name=tenant),
         "ApplyDeployment": api_pb2.ApplyDeploymentRequest(deployment=deployment_msg(dep, tenant)),
-        "GetDeployment": api_pb2.GetRequest(name=dep),
+        "GetDeployment": api_pb2.GetRequest(name=ref),
         "ListDeployments": api_pb2.ListRequest(tenant=tenant),
-        "DeleteDeployment": api_pb2.DeleteRequest(name=dep),
+        "DeleteDeployment": api_pb2.DeleteRequest(name=ref),
         "RegisterCluster": api_pb2.RegisterClusterRequest(cluster=api_pb2.Cluster(
             metadata=api_pb2.ObjectMeta(name="c9"), spec=api_pb2.ClusterSpec(zone="z1", capacity={"h100": 1}))),
         "GetCluster": api_pb2.GetRequest(name="c1"),
@@ -91,7 +94,7 @@ def probe_requests(tenant: str, dep: str) -> dict[str, Any]:
         "DeleteZone": api_pb2.DeleteRequest(name="z1"),
         "CordonZone": api_pb2.CordonRequest(name="z1", cordoned=True),
         "DrainZone": api_pb2.DrainRequest(name="z1"),
-        "Explain": api_pb2.ExplainRequest(deployment=dep),
+        "Explain": api_pb2.ExplainRequest(deployment=ref),
         "Watch": api_pb2.WatchRequest(once=True, since_revision=0, tenant=tenant),
         "DryRun": api_pb2.DryRunRequest(deployment=deployment_msg(dep, tenant, max_replicas=3)),
         "CreateToken": api_pb2.CreateTokenRequest(role="tenant", tenant=tenant),
@@ -222,7 +225,8 @@ def alpha_specs(endpoints: list[str], admin_token: str, timeout_s: float = 2.0) 
         for ep in endpoints:
             try:
                 t = client.call("Tenants", "GetTenant", api_pb2.GetRequest(name=ISO_ALPHA), endpoint=ep)
-                d = client.call("Deployments", "GetDeployment", api_pb2.GetRequest(name=ISO_ALPHA_DEP), endpoint=ep)
+                d = client.call("Deployments", "GetDeployment", api_pb2.GetRequest(name=f"{ISO_ALPHA}/{ISO_ALPHA_DEP}"),
+                                endpoint=ep)
                 out[ep] = (str(t.spec), str(d.spec))
             except ApiError as exc:
                 out[ep] = None if exc.code.name in ("UNAVAILABLE", "DEADLINE_EXCEEDED") else (f"error {exc.code.name}",

@@ -58,6 +58,7 @@ from typing import Any
 
 from adapters.simulated import SimulatedBackend, SimulatedConfig
 from controlplane.domain.errors import ControlPlaneError
+from controlplane.domain.ids import local_name, qualified_id
 
 ZONE_COUNT = 3
 GPUS_PER_CLUSTER = 4
@@ -176,10 +177,11 @@ class TtftScore:
         if req.dropped:
             return
         ttft = req.first_token_ms - req.arrival_ms
+        dep = local_name(req.deployment)  # the backend knows the id, "<tenant>/<name>"
         with self._lock:
-            self._ttfts[req.deployment].append(ttft)
-            if ttft <= self.slo_ms[req.deployment]:
-                self._met[req.deployment] += 1
+            self._ttfts[dep].append(ttft)
+            if ttft <= self.slo_ms[dep]:
+                self._met[dep] += 1
 
     def met(self, deployment: str) -> int:
         with self._lock:
@@ -209,8 +211,9 @@ class DemoCluster:
         return self.score.ttft_lists()
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
-        return {dep: {"arrived": st["arrived"], "completed": st["completed"], "dropped": st["dropped"],
-                      "met": self.score.met(dep), "gpu_ms": st["gpu_ms"], "ttfts": self.score.count(dep)}
+        return {local_name(dep): {"arrived": st["arrived"], "completed": st["completed"], "dropped": st["dropped"],
+                                  "met": self.score.met(local_name(dep)), "gpu_ms": st["gpu_ms"],
+                                  "ttfts": self.score.count(local_name(dep))}
                 for dep, st in self.backend.statistics().items()}
 
 
@@ -218,7 +221,7 @@ def backend_config(index: int, workload: Workload) -> SimulatedConfig:
     return SimulatedConfig.model_validate({
         "seed": index + 1,
         "deployments": [{
-            "deployment": t.deployment, "model": MODEL, "cold_start_ms": COLD_START_MS, "warm_start_ms": WARM_START_MS,
+            "deployment": qualified_id(t.tenant, t.deployment), "model": MODEL, "cold_start_ms": COLD_START_MS, "warm_start_ms": WARM_START_MS,
             "max_queue_ms": 10_000,
             "load": [{"at_s": 0, "rps": 0}] + [{"at_s": LOAD_OFFSET_S + at, "rps": rps}
                                                for at, rps in workload.schedules[t.deployment]],
@@ -599,7 +602,7 @@ class Demo:
                 if self.t0[0]:
                     d.peak_serving = max(d.peak_serving, _serving(d.by_state))
             for d in self.deps.values():
-                got = self.api.call("Deployments", "GetDeployment", api_pb2.GetRequest(name=d.name))
+                got = self.api.call("Deployments", "GetDeployment", api_pb2.GetRequest(name=qualified_id(d.tenant, d.name)))
                 zones: dict[str, dict[str, int]] = {}
                 for inst in got.status.instances:
                     zones.setdefault(inst.zone, {}).setdefault(inst.state, 0)

@@ -233,7 +233,10 @@ def demo_load() -> list[dict[str, float]]:
 
 def add_demo(nodes: list[NodePlan], adapters: list[dict], gpus_per_cluster: int = 8) -> None:
     """Seed the demo tenant and deployment into every coordinator's configuration (one instance
-    per zone at least, up to four per zone)."""
+    per zone at least, up to four per zone). A deployment seeded by configuration keeps the id it is
+    given (one label, like a legacy id: its tenant sees it under that name, admins as
+    ``demo/chat``), so the adapters simulate ``chat``; deployments created later through the API
+    have ``<tenant>/<name>`` ids and get the ``default`` template."""
     n = len(adapters)
     tenant = {"id": DEMO_TENANT, "priority": 100, "quota": {"h100": gpus_per_cluster * n}}
     deployment = {"id": DEMO_DEPLOYMENT, "tenant": DEMO_TENANT, "engine": "vllm", "model": DEMO_MODEL, "pool": "h100",
@@ -313,7 +316,8 @@ def run_up(n: int, as_json: bool, root: str | None) -> int:
                 print(f"  {item['node_id']:8} {item['zone']:6} api {item['api_address']:21} raft {item['raft_address']:21} pid {item['pid']}")
             for a in adapter_listing:
                 print(f"  {a['id']:8} {a['zone']:6} adapter {a['adapter_address']:17} simulated, pid {a['pid']}")
-            print(f"  demo: deployment {DEMO_DEPLOYMENT} (tenant {DEMO_TENANT}): {CALM_RPS:g} requests/s per zone, "
+            print(f"  demo: deployment {DEMO_DEPLOYMENT} (tenant {DEMO_TENANT}; admins name it "
+                  f"{DEMO_TENANT}/{DEMO_DEPLOYMENT}): {CALM_RPS:g} requests/s per zone, "
                   f"{BURST_RPS:g}/s for {BURST_LEN_S} s from {BURST_AT_S} s after start and every {CYCLE_S} s")
             print(f"  API: TLS (CA {security.ca_file}); admin token in {security.admin_token_file}")
             print(f"  status: TENANTCTL_TOKEN=$(cat {security.admin_token_file}) controlplane status --endpoints "

@@ -67,7 +67,8 @@ MAX_TRIPS = 32
 CLUSTER = "cluster"
 DEPLOYMENT = "deployment"
 ADAPTER = "adapter"
-"""Conventional breaker kinds: ``cluster/c1``, ``deployment/c1/d1``, ``adapter/c1``."""
+"""Conventional breaker kinds: ``cluster/c1``, ``deployment/c1/d1`` (of a qualified deployment id
+``alpha/chat``: ``deployment/c1/alpha/chat``), ``adapter/c1``."""
 
 
 class BreakerEvent(enum.Enum):

@@ -54,7 +54,7 @@ from controlplane.core import placement, preemption, scaling
 from controlplane.core.allocator import AllocationRequest, Allocator, bound_placer
 from controlplane.core.signals import FilteredSignals
 from controlplane.domain import commands as c
-from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId, PoolId
+from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId, PoolId, instance_prefix
 from controlplane.domain.instances import (
     SERVING_STATES,
     TERMINAL_STATES,
@@ -201,7 +201,9 @@ def cluster_key(cluster_id: str) -> str:
 
 
 def deployment_key(cluster_id: str, deployment_id: str) -> str:
-    return br.breaker_key("deployment", cluster_id, deployment_id)
+    # A qualified id's tenant and name are two parts ("deployment/c1/alpha/chat"; no part holds '/'),
+    # a legacy id one ("deployment/c1/chat", as before): the part count keeps the two apart.
+    return br.breaker_key("deployment", cluster_id, *deployment_id.split("/"))
 
 
 class _Breakers:
@@ -823,7 +825,7 @@ def _create(tick: _Tick, d: Deployment, count: int, existing: Sequence[Instance]
     first = tick.cfg.max_creates_per_tick - tick.creates_left
     for k, cid in enumerate(chosen, start=first):
         # Unique: one tick per now_ms, and k counts every creation of the tick.
-        iid = InstanceId(f"{d.id[:40]}-{tick.now_ms}-{k}")
+        iid = InstanceId(f"{instance_prefix(d.id)}-{tick.now_ms}-{k}")
         tick.commands.append(c.CreateInstance(iid, d.id, cid, tick.now_ms))
         tick.free[(cid, d.pool)] = tick.free.get((cid, d.pool), 0) - d.gpus_per_instance
     tick.creates_left -= len(chosen)

@@ -17,9 +17,14 @@ from controlplane.domain.tenants import Deployment, Tenant
 from controlplane.domain.tokens import TokenRecord
 from controlplane.domain.topology import Cluster, Zone
 
-COMMAND_VERSION = 4
+COMMAND_VERSION = 5
 """Bumped when a command's fields change incompatibly or a command kind is added (3: ``PutScaleMemories``;
-4: ``max_per_tenant`` of ``PutDeployment`` and ``PutToken``); the codec refuses unknown versions."""
+4: ``max_per_tenant`` of ``PutDeployment`` and ``PutToken``; 5: a deployment id may be qualified,
+``<tenant>/<name>``, see :func:`~controlplane.domain.ids.deployment_id_problem`); the codec refuses unknown
+versions. 5 only widens what an id may be: every entry and snapshot written at 4 decodes to the same
+value (its unqualified ids stay valid legacy ids), so the wire format (``CODEC_VERSION``) is unchanged;
+a build at 4 cannot decode an entry naming a qualified id, so a group is upgraded whole (docs/api.md
+"Deployment names")."""
 
 ANY_VERSION = -1
 """``expect_version`` for an unconditional write (the holder's bootstrap and internal writes)."""

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from controlplane.domain.errors import ValidationError, clip
-from controlplane.domain.ids import DeploymentId, PoolId, TenantId, id_problem
+from controlplane.domain.ids import DeploymentId, PoolId, TenantId, deployment_id_problem, id_problem, split_deployment_id
 
 MAX_PRIORITY = 1_000_000
 HOUR_MS = 3_600_000
@@ -184,8 +184,14 @@ class Deployment:
     it once no instance is left (like a Kubernetes finalizer)."""
 
     def __post_init__(self) -> None:
-        check_id("deployment.id", self.id)
+        problem = deployment_id_problem(self.id)
+        if problem:
+            raise ValidationError("deployment.id", problem)
         check_id("deployment.tenant", self.tenant)
+        owner = split_deployment_id(self.id)[0]
+        if owner is not None and owner != self.tenant:
+            raise ValidationError("deployment.id", f"{clip(self.id)} names tenant {clip(owner)}, but the deployment's "
+                                                   f"tenant is {clip(self.tenant)}")
         check_id("deployment.pool", self.pool)
         if not isinstance(self.engine, Engine):
             raise ValidationError("deployment.engine", f"unknown engine {clip(self.engine)}")

@@ -31,6 +31,9 @@ replicated part, so a scrape of any member shows the fleet) plus what only this 
 :class:`CoordinatorCollector` builds the view at scrape time. The endpoint is plain HTTP without
 authentication (what Prometheus scrapes); it names tenants and deployments, so bind it to a
 loopback or pod address that only the monitoring system reaches (the manifests' NetworkPolicy).
+
+The ``deployment`` label is the deployment id: ``<tenant>/<name>`` for one created through the API
+(names are per tenant; a label value may hold '/'), the configured or legacy id (one label) otherwise.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from controlplane.core.allocator import Allocator
 from controlplane.core.reconcile import ReconcileConfig, current_replicas
 from controlplane.core.signals import FilteredSignals
 from controlplane.domain import commands as c
-from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId
+from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId, instance_prefix
 from controlplane.domain.instances import InstanceEvent, InstanceState, Transitioned
 from controlplane.domain.profiles import PROFILES
 from controlplane.domain.state import ControlState
@@ -169,12 +169,12 @@ class Simulation:
             chosen = placement.place(d, initial, clusters, free, existing, ()).clusters
             cmds: list[c.Command] = [c.SetDesired(d.id, initial, 0, "initial fleet", 0)]
             for k, cid in enumerate(chosen):
-                iid = InstanceId(f"{d.id[:40]}-init-{k}")
+                iid = InstanceId(f"{instance_prefix(d.id)}-init-{k}")
                 cmds += [c.CreateInstance(iid, d.id, cid, 0), c.TransitionInstance(iid, InstanceEvent.START_WARMUP, 0),
                          c.TransitionInstance(iid, InstanceEvent.WARMED, 0)]
             self._commit_or_fail(cmds)
             for k in range(len(chosen)):
-                self.fleet.preprovision(self.state.instances[InstanceId(f"{d.id[:40]}-init-{k}")], 0)
+                self.fleet.preprovision(self.state.instances[InstanceId(f"{instance_prefix(d.id)}-init-{k}")], 0)
 
     def _load(self, workloads: dict[DeploymentId, Sequence[Request]]) -> list[SimRequest]:
         reqs: list[SimRequest] = []

@@ -196,6 +196,35 @@ def test_repeated_create_does_not_add_replicas(env: Env) -> None:
     assert env.workload()["spec"]["replicas"] == 1
 
 
+def test_two_tenants_chat_are_two_workloads_with_their_own_instances(env: Env) -> None:
+    """Deployment names are per tenant: ``alpha/chat`` and ``bravo/chat`` map to two workloads, and
+    the instance ids the planner gives them (``instance_prefix``) are distinct labels without '/'."""
+    from controlplane.domain.ids import id_problem, instance_prefix
+
+    for name in ("chat-a", "chat-b"):
+        env.fake.add_workload("Deployment", NS, name)
+    cfg = KubernetesConfig(workloads=[
+        WorkloadConfig(deployment=dep, namespace=NS, kind="Deployment", name=name, engine="vllm", port=8000)
+        for dep, name in (("alpha/chat", "chat-a"), ("bravo/chat", "chat-b"))],
+        conflict_backoff_ms=1, conflict_backoff_cap_ms=4, request_timeout_s=5, watch_timeout_s=2)
+    backend = KubernetesBackend(cfg, k8s.ApiClient(k8s.Configuration(host=env.fake.host)),
+                                driver_factory=env.farm.factory, rng=random.Random(7)).start()
+    env.backends.append(backend)
+    reports = Reports(backend)
+    iids = {dep: f"{instance_prefix(dep)}-1700000000000-0" for dep in ("alpha/chat", "bravo/chat")}
+    assert len(set(iids.values())) == 2 and all(id_problem(i) is None and "/" not in i for i in iids.values())
+    for dep, iid in iids.items():
+        backend.apply(InstanceCommand(request_id=f"create-{iid}", action="create",
+                                      instance=InstanceSpec(instance_id=iid, deployment_id=dep), fence=fence()), 0)
+    for name in ("chat-a", "chat-b"):
+        assert env.workload(name=name)["spec"]["replicas"] == 1
+    for iid in iids.values():
+        reports.wait_for(iid, "start_warmup")
+    pods = {iid: env.pod_of(iid) for iid in iids.values()}
+    assert None not in pods.values() and len(set(pods.values())) == 2
+    assert pods[iids["alpha/chat"]].startswith("chat-a") and pods[iids["bravo/chat"]].startswith("chat-b")
+
+
 # -- scale-down ---------------------------------------------------------------------------------------
 def test_drain_deletes_exactly_the_victim_pod_on_a_deployment(env: Env) -> None:
     env.fake.add_workload("Deployment", NS, "web")

@@ -244,7 +244,7 @@ def test_engines_match_the_contracts(folder: str) -> None:
         [wl] = [o for o in objs if o["kind"] == w["kind"] and o["metadata"]["name"] == w["name"]
                 and o["metadata"]["namespace"] == w["namespace"]]
         labels = wl["spec"]["template"]["metadata"]["labels"]
-        assert labels["controlplane.io/deployment"] == w["deployment"]
+        assert f"{labels['controlplane.io/tenant']}/{labels['controlplane.io/deployment']}" == w["deployment"]
         assert labels["controlplane.io/engine"] == w["engine"]
         assert wl["spec"]["replicas"] == 0, "the adapter owns replicas"
         [c] = wl["spec"]["template"]["spec"]["containers"]

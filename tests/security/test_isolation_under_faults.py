@@ -44,6 +44,8 @@ from tests.unit.test_api_server import Api, deployment_msg, every_method, tenant
 pytestmark = pytest.mark.timeout(240)
 S = grpc.StatusCode
 ALPHA, ALPHA_DEP = "alpha-secret", "alpha-dep-secret"
+ALPHA_ID = f"{ALPHA}/{ALPHA_DEP}"
+"""The id of alpha's deployment inside the group (deployment names are per tenant)."""
 BRAVO, BRAVO_DEP = "bravo", "bravo-dep"
 GHOST, GHOST_DEP = "ghost-secret", "ghost-dep-secret"
 """A tenant and a deployment that do not exist: what bravo gets for alpha's must be what it gets for these."""
@@ -85,7 +87,7 @@ class Group:
 
     def alpha(self, co: Coordinator) -> tuple[Any, Any]:
         state = co.node.state_copy()
-        return (repr(state.tenants.get(ALPHA)), repr(state.deployments.get(ALPHA_DEP)))
+        return (repr(state.tenants.get(ALPHA)), repr(state.deployments.get(ALPHA_ID)))
 
 
 @pytest.fixture
@@ -165,7 +167,7 @@ def test_bravo_never_sees_or_changes_alpha_while_the_group_fails_over(group: Gro
     bravo_id = parse_token(bravo)[0]  # type: ignore[index]
     # A new token is known to a coordinator once it has applied it (milliseconds behind the leader;
     # docs/api.md): probe only when every node has it, as a client retrying UNAUTHENTICATED would.
-    wait_until(lambda: all(co.node.state_copy().deployments.get(ALPHA_DEP) and bravo_id in co.node.state_copy().tokens
+    wait_until(lambda: all(co.node.state_copy().deployments.get(ALPHA_ID) and bravo_id in co.node.state_copy().tokens
                            for co in group.running()), 20.0, "alpha's deployment and bravo's token on every node")
     alpha_before = group.alpha(leader)
 

@@ -466,7 +466,7 @@ def test_negative_resource_versions_are_invalid_and_change_nothing(fz: Fuzz) -> 
     before = fz.digest()
     calls: list[tuple[str, str, Message, str]] = [
         ("Tenants", "DeleteTenant", api_pb2.DeleteRequest(name=OTHER, resource_version=-1), "resource_version"),
-        ("Deployments", "DeleteDeployment", api_pb2.DeleteRequest(name=OTHER_DEPLOYMENT, resource_version=-1),
+        ("Deployments", "DeleteDeployment", api_pb2.DeleteRequest(name=f"{OTHER}/{OTHER_DEPLOYMENT}", resource_version=-1),
          "resource_version"),
         ("Clusters", "DeleteCluster", api_pb2.DeleteRequest(name="c1", resource_version=-(2**63)), "resource_version"),
         ("Clusters", "DeleteZone", api_pb2.DeleteRequest(name="az-a", resource_version=-2), "resource_version"),

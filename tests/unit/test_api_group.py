@@ -85,6 +85,6 @@ def test_a_follower_explains_with_the_holders_live_view(members) -> None:
     api = Api(follower.cfg.api_address, token)
     api.tenants.CreateTenant(api_pb2.CreateTenantRequest(tenant=tenant_msg("x1")), timeout=10)
     api.deployments.ApplyDeployment(api_pb2.ApplyDeploymentRequest(deployment=deployment_msg("dx1", "x1")), timeout=10)
-    out = wait_until(lambda: (e := api.scaling.Explain(api_pb2.ExplainRequest(deployment="dx1"), timeout=10))
+    out = wait_until(lambda: (e := api.scaling.Explain(api_pb2.ExplainRequest(deployment="x1/dx1"), timeout=10))
                      .HasField("live") and e, 15.0, "the holder's live evaluation of dx1")
     assert out.lease_holder == holder.cfg.node_id and out.read.served_by == follower.cfg.node_id

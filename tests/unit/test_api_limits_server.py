@@ -223,37 +223,84 @@ def _answer(call, request, name: str) -> tuple[str, str]:  # type: ignore[no-unt
 
 
 def test_another_tenants_names_answer_exactly_as_free_names(group: Group) -> None:
-    bravo = group.tenant["bravo"]
-    assert group.admin.deployments.GetDeployment(api_pb2.GetRequest(name="chat"), timeout=10).spec.tenant == "alpha"
+    """Names are per tenant (docs/security.md "Names"): every answer to bravo about a name alpha owns
+    is the answer for a name nobody owns, a create included, which creates bravo's own."""
+    admin, alpha, bravo = group.admin, group.tenant["alpha"], group.tenant["bravo"]
+    alpha.deployments.ApplyDeployment(api_pb2.ApplyDeploymentRequest(deployment=deployment_msg("tools", "alpha")),
+                                      timeout=10)
+    alpha_before = {n: admin.deployments.GetDeployment(api_pb2.GetRequest(name=f"alpha/{n}"), timeout=10)
+                    for n in ("chat", "tools")}
+    assert {d.spec.tenant for d in alpha_before.values()} == {"alpha"}
 
-    def probes(name: str) -> list[tuple[str, str]]:
-        dep = deployment_msg(name, "bravo")
-        out = [
-            _answer(bravo.deployments.GetDeployment, api_pb2.GetRequest(name=name), name),
-            _answer(bravo.deployments.DeleteDeployment, api_pb2.DeleteRequest(name=name), name),
-            _answer(bravo.deployments.DeleteDeployment, api_pb2.DeleteRequest(name=name, resource_version=3), name),
-            _answer(bravo.scaling.Explain, api_pb2.ExplainRequest(deployment=name), name),
-            _answer(bravo.deployments.GetDeployment, api_pb2.GetRequest(name=name, read=api_pb2.ReadOptions(linearizable=True)), name),
-            _answer(bravo.deployments.ApplyDeployment,
-                    api_pb2.ApplyDeploymentRequest(deployment=deployment_msg(name, "bravo", rv=7)), name),
+    def listed() -> list[str]:
+        return [d.metadata.name for d in bravo.deployments.ListDeployments(api_pb2.ListRequest(), timeout=10).items]
+
+    def probes(name: str, create_only: bool) -> list[tuple[str, str]]:
+        def answer(call, request) -> tuple[str, str]:  # type: ignore[no-untyped-def]
+            return _answer(call, request, name)
+
+        def dry(full: bool = True) -> tuple[str, str]:
+            out = bravo.scaling.DryRun(api_pb2.DryRunRequest(deployment=deployment_msg(name, "bravo")), timeout=10)
+            if not full:  # of an existing deployment: its notes depend on whether the loop has sampled it yet
+                return "DryRun", str(out.exists)
+            return "DryRun", str((out.exists, out.current_replicas, out.target_before, [c.field for c in out.changes],
+                                  [n.replace(name, "<name>") for n in out.notes]))
+
+        def watch() -> tuple[str, str]:
+            events = bravo.scaling.Watch(api_pb2.WatchRequest(once=True, deployment=name, kinds=["Deployment"]), timeout=10)
+            return "Watch", str([(e.type, e.name.replace(name, "<name>"), e.tenant) for e in events])
+
+        before = [
+            answer(bravo.deployments.GetDeployment, api_pb2.GetRequest(name=name)),
+            answer(bravo.deployments.GetDeployment, api_pb2.GetRequest(name=name, read=api_pb2.ReadOptions(linearizable=True))),
+            answer(bravo.deployments.GetDeployment, api_pb2.GetRequest(name=f"bravo/{name}")),
+            answer(bravo.deployments.DeleteDeployment, api_pb2.DeleteRequest(name=name)),
+            answer(bravo.deployments.DeleteDeployment, api_pb2.DeleteRequest(name=name, resource_version=3)),
+            answer(bravo.scaling.Explain, api_pb2.ExplainRequest(deployment=name)),
+            answer(bravo.deployments.ApplyDeployment,
+                   api_pb2.ApplyDeploymentRequest(deployment=deployment_msg(name, "bravo", rv=7))),
+            dry(), watch(), ("List", str(name in listed())),
         ]
-        dry = bravo.scaling.DryRun(api_pb2.DryRunRequest(deployment=dep), timeout=10)
-        out.append(("DryRun", str((dry.exists, dry.current_replicas, dry.target_before, list(dry.changes) == [],
-                                   [n.replace(name, "<name>") for n in dry.notes]))))
-        events = list(bravo.scaling.Watch(api_pb2.WatchRequest(once=True, deployment=name), timeout=10))
-        out.append(("Watch", str([e.type for e in events])))
-        return out
+        created = bravo.deployments.ApplyDeployment(
+            api_pb2.ApplyDeploymentRequest(deployment=deployment_msg(name, "bravo"), create_only=create_only), timeout=10)
+        got = bravo.deployments.GetDeployment(api_pb2.GetRequest(name=name), timeout=10)
+        after = [
+            ("Create", str((created.metadata.name == name, created.spec.tenant, created.metadata.resource_version > 0))),
+            ("Get", str((got.metadata.name == name, got.spec.tenant, got.metadata.created_ms == created.metadata.created_ms))),
+            answer(bravo.deployments.ApplyDeployment,
+                   api_pb2.ApplyDeploymentRequest(deployment=deployment_msg(name, "bravo"), create_only=True)),
+            dry(full=False), watch(), ("List", str(name in listed())),
+            answer(bravo.scaling.Explain, api_pb2.ExplainRequest(deployment=name, limit=1)),
+        ]
+        return before + after
 
-    taken, free = probes("chat"), probes("never-created")
-    assert taken == free
-    assert taken[0] == ("NOT_FOUND", "deployment '<name>' not found")
-    # A create of a global name that exists cannot succeed: it reads exactly as a create of one's own
-    # existing name does, and names no tenant.
-    bravo.deployments.ApplyDeployment(api_pb2.ApplyDeploymentRequest(deployment=deployment_msg("mine", "bravo")), timeout=10)
-    own = _answer(bravo.deployments.ApplyDeployment,
-                  api_pb2.ApplyDeploymentRequest(deployment=deployment_msg("mine", "bravo"), create_only=True), "mine")
-    for create_only in (True, False):
-        other = _answer(bravo.deployments.ApplyDeployment,
-                        api_pb2.ApplyDeploymentRequest(deployment=deployment_msg("chat", "bravo"), create_only=create_only),
-                        "chat")
-        assert other == own == ("ALREADY_EXISTS", "deployment '<name>' already exists")
+    for create_only, taken, free in ((True, "chat", "free-one"), (False, "tools", "free-two")):
+        answers = probes(taken, create_only)
+        assert answers == probes(free, create_only), (create_only, taken, free)
+        nf = ("NOT_FOUND", "deployment '<name>' not found")
+        qualified_nf = ("NOT_FOUND", "deployment 'bravo/<name>' not found")  # echoes the name as sent
+        assert answers[:7] == [nf, nf, qualified_nf, nf, nf, nf, nf]  # Get, Get qualified, Delete, Explain, Apply
+        assert answers[7][1].startswith("(False, 0, 0, ") and answers[8:10] == [("Watch", "[('BOOKMARK', '', '')]"),
+                                                                                ("List", "False")]
+        assert answers[10:] == [("Create", "(True, 'bravo', True)"), ("Get", "(True, 'bravo', True)"),
+                                ("ALREADY_EXISTS", "deployment '<name>' already exists"), ("DryRun", "True"),
+                                ("Watch", "[('ADDED', '<name>', 'bravo'), ('BOOKMARK', '', '')]"), ("List", "True"),
+                                ("OK", "")]
+    assert sorted(listed()) == ["chat", "free-one", "free-two", "tools"]
+    err = _error(bravo.deployments.GetDeployment, api_pb2.GetRequest(name="never-created"), timeout=10)
+    assert err is not None and (err.code(), err.details()) == (S.NOT_FOUND, "deployment 'never-created' not found")
+    err = _error(bravo.deployments.ApplyDeployment,
+                 api_pb2.ApplyDeploymentRequest(deployment=deployment_msg("chat", "bravo"), create_only=True), timeout=10)
+    assert err is not None and (err.code(), err.details()) == (S.ALREADY_EXISTS, "deployment 'chat' already exists")
+    # Two deployments named chat, one per tenant, with distinct ids; alpha's is untouched.
+    for n, d in alpha_before.items():
+        now = admin.deployments.GetDeployment(api_pb2.GetRequest(name=f"alpha/{n}"), timeout=10)
+        assert (now.spec, now.metadata) == (d.spec, d.metadata), n
+    state = group.co.node.state_copy()
+    assert {d_id: d.tenant for d_id, d in state.deployments.items() if d_id.endswith("/chat")} == {
+        "alpha/chat": "alpha", "bravo/chat": "bravo"}
+    assert [d.metadata.name for d in alpha.deployments.ListDeployments(api_pb2.ListRequest(), timeout=10).items] == [
+        "chat", "tools"]
+    # alpha's view of bravo's qualified name is a free name too
+    err = _error(alpha.deployments.GetDeployment, api_pb2.GetRequest(name="bravo/free-one"), timeout=10)
+    assert err is not None and (err.code(), err.details()) == (S.NOT_FOUND, "deployment 'bravo/free-one' not found")

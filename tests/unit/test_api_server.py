@@ -206,9 +206,11 @@ def test_tenant_b_cannot_reach_tenant_a_through_any_method(group: Group) -> None
     # deployments
     err = code_of(b.deployments.ApplyDeployment, api_pb2.ApplyDeploymentRequest(deployment=deployment_msg("new", "a")))
     assert err.code() is nf and err.details() == "tenant 'a' not found"
-    err = code_of(b.deployments.ApplyDeployment, api_pb2.ApplyDeploymentRequest(deployment=deployment_msg("da", "b")))
-    assert err.code() is S.ALREADY_EXISTS and "'a'" not in err.details()
+    err = code_of(b.deployments.ApplyDeployment, api_pb2.ApplyDeploymentRequest(deployment=deployment_msg("a/da", "b")))
+    assert err.code() is S.INVALID_ARGUMENT and err.details().startswith("metadata.name: 'a/da' is qualified")
     assert code_of(b.deployments.GetDeployment, api_pb2.GetRequest(name="da")).code() is nf
+    err = code_of(b.deployments.GetDeployment, api_pb2.GetRequest(name="a/da"))
+    assert err.code() is nf and err.details() == "deployment 'a/da' not found"
     assert [d.metadata.name for d in b.deployments.ListDeployments(api_pb2.ListRequest(), timeout=10).items] == ["db"]
     assert list(b.deployments.ListDeployments(api_pb2.ListRequest(tenant="a"), timeout=10).items) == []
     assert code_of(b.deployments.DeleteDeployment, api_pb2.DeleteRequest(name="da")).code() is nf
@@ -294,9 +296,9 @@ def test_error_codes(group: Group) -> None:
     err = code_of(a.deployments.ApplyDeployment, api_pb2.ApplyDeploymentRequest(deployment=deployment_msg("da", "a"),
                                                                                 create_only=True))
     assert err.code() is S.ALREADY_EXISTS
-    err = code_of(a.deployments.ApplyDeployment, api_pb2.ApplyDeploymentRequest(deployment=deployment_msg("da", "b")))
-    assert err.code() is S.FAILED_PRECONDITION  # a deployment never changes tenant
-    assert dict(err.trailing_metadata())["cp-error"] == "conflict"
+    # a deployment never changes tenant: its id holds the tenant, and metadata.name is the local name
+    err = code_of(a.deployments.ApplyDeployment, api_pb2.ApplyDeploymentRequest(deployment=deployment_msg("a/da", "b")))
+    assert err.code() is S.INVALID_ARGUMENT and "spec.tenant" in err.details()
 
 
 # --- reads ---------------------------------------------------------------------------------------------------------
@@ -353,14 +355,14 @@ def test_a_watch_ends_when_its_client_goes(group: Group) -> None:
 
 def test_explain_shows_the_decisions_and_the_holder(group: Group) -> None:
     a = group.admin
-    wait_until(lambda: a.scaling.Explain(api_pb2.ExplainRequest(deployment="da"), timeout=10).history, 15.0,
+    wait_until(lambda: a.scaling.Explain(api_pb2.ExplainRequest(deployment="a/da"), timeout=10).history, 15.0,
                "a scaling decision for da")
-    out = a.scaling.Explain(api_pb2.ExplainRequest(deployment="da", limit=5), timeout=10)
+    out = a.scaling.Explain(api_pb2.ExplainRequest(deployment="a/da", limit=5), timeout=10)
     assert (out.deployment, out.tenant, out.lease_holder) == ("da", "a", group.co.cfg.node_id)
     assert 0 < len(out.history) <= 5 and all(d.reason for d in out.history)
     assert out.history[-1].replicas == out.desired_replicas
     assert out.HasField("live") and out.live.target >= out.live.granted >= 0 and "concurrency" in out.live.proposals
-    assert code_of(a.scaling.Explain, api_pb2.ExplainRequest(deployment="da", limit=-1)).code() is S.INVALID_ARGUMENT
+    assert code_of(a.scaling.Explain, api_pb2.ExplainRequest(deployment="a/da", limit=-1)).code() is S.INVALID_ARGUMENT
 
 
 def test_dry_run_writes_nothing(group: Group) -> None:

@@ -163,16 +163,21 @@ def test_raft_failures_map_to_retryable_statuses() -> None:
 def test_watch_filter_scopes_tenant_principals() -> None:
     tenant_b = Principal("000000000001", Role.TENANT, "b")
     admin = Principal("000000000002", Role.ADMIN)
-    ev_a = ChangeEvent(revision=1, at_ms=0, type="ADDED", kind="Deployment", name="da", tenant="a")
-    ev_b = ChangeEvent(revision=2, at_ms=0, type="TRANSITION", kind="Instance", name="i1", tenant="b", deployment="db")
+    ev_a = ChangeEvent(revision=1, at_ms=0, type="ADDED", kind="Deployment", name="a/da", tenant="a")
+    ev_b = ChangeEvent(revision=2, at_ms=0, type="TRANSITION", kind="Instance", name="i1", tenant="b", deployment="b/db")
     ev_cluster = ChangeEvent(revision=3, at_ms=0, type="ADDED", kind="Cluster", name="c1")
     everything = pb.WatchRequest()
     assert [e.revision for e in (ev_a, ev_b, ev_cluster) if event_filter(tenant_b, everything)(e)] == [2]
     assert [e.revision for e in (ev_a, ev_b, ev_cluster) if event_filter(admin, everything)(e)] == [1, 2, 3]
     only_b = pb.WatchRequest(tenant="b", kinds=["Instance"])
     assert [e.revision for e in (ev_a, ev_b, ev_cluster) if event_filter(admin, only_b)(e)] == [2]
-    by_deployment = pb.WatchRequest(deployment="da")
-    assert [e.revision for e in (ev_a, ev_b, ev_cluster) if event_filter(admin, by_deployment)(e)] == [1]
+    for by_deployment in (pb.WatchRequest(deployment="a/da"), pb.WatchRequest(deployment="da", tenant="a")):
+        assert [e.revision for e in (ev_a, ev_b, ev_cluster) if event_filter(admin, by_deployment)(e)] == [1]
+    assert [e.revision for e in (ev_a, ev_b, ev_cluster) if event_filter(tenant_b, pb.WatchRequest(deployment="db"))(e)] == [2]
+    # b's own "da" (none here) and a's "a/da" both match nothing for b: a free name
+    assert not any(event_filter(tenant_b, pb.WatchRequest(deployment=n))(ev_a) for n in ("da", "a/da"))
+    with pytest.raises(cv.InvalidArgument, match="^deployment: deployment names are per tenant: an admin names one as"):
+        event_filter(admin, pb.WatchRequest(deployment="da"))
     # a tenant principal cannot widen its view with the tenant filter
     assert not event_filter(tenant_b, pb.WatchRequest(tenant="a"))(ev_a)
 

@@ -128,7 +128,7 @@ def test_a_real_coordinator_serves_its_metrics(coordinator: tuple[Coordinator, s
             assert resp.headers["Content-Type"].startswith("text/plain")
             return samples(resp.read().decode())
 
-    labels = (("deployment", "chat"), ("tenant", "search"))
+    labels = (("deployment", "search/chat"), ("tenant", "search"))  # the id: names are per tenant
     wait_until(lambda: ("controlplane_deployment_desired_replicas", labels) in read(), 20.0, "a decision for chat")
     got = read()
     assert got[("controlplane_raft_leader", ())] == 1

@@ -376,3 +376,23 @@ def test_completion_scripts(ctl) -> None:
     assert rc == 0 and "complete -F _tenantctl tenantctl" in out and "use-context" in out and "--all-contexts" in out
     rc, out, _ = ctl("completion", "zsh")
     assert rc == 0 and out.startswith("#compdef tenantctl") and "bashcompinit" in out
+
+
+def test_deployments_are_named_per_tenant(ctl, group, tmp_path) -> None:
+    """Admins name a deployment TENANT/NAME (or NAME with --tenant); -o name prints that form, and
+    apply/delete -f address the file's object by its spec.tenant (docs/tenantctl.md)."""
+    (tmp_path / "t.yaml").write_text(TENANTS)
+    assert ctl("apply", "-f", str(tmp_path / "t.yaml"))[0] == 0
+    for args in (("get", "deployment", "team-a/chat"), ("get", "deployment", "chat", "--tenant", "team-a")):
+        rc, out, err = ctl(*args, "-o", "json")
+        assert rc == 0, err
+        assert json.loads(out)["metadata"]["name"] == "chat" and json.loads(out)["spec"]["tenant"] == "team-a"
+    rc, out, err = ctl("get", "deployment", "team-b/chat")
+    assert rc == 1 and "deployment 'team-b/chat' not found" in err
+    rc, out, _ = ctl("get", "deployments", "-o", "name")
+    assert out == "deployment/team-a/chat\n"
+    rc, out, _ = ctl("explain", "team-a/chat")
+    assert rc == 0 and "chat" in out and "team-a" in out
+    rc, out, _ = ctl("delete", "-f", str(tmp_path / "t.yaml"))  # (the tenant still owns the deployment: rc 1)
+    assert "deployment/team-a/chat deletion started" in out
+    assert group.store.deployments["chat"].status.deleting

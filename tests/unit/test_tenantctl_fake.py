@@ -185,6 +185,14 @@ class _Tenants(_Base, api_pb2_grpc.TenantsServicer):
             return api_pb2.DeleteResponse(revision=self.store.bump())
 
 
+def _deployment(store, name: str):  # type: ignore[no-untyped-def]
+    """The deployment a request names: ``NAME`` (as a tenant's token does; the fake keeps one
+    deployment per local name) or ``TENANT/NAME`` (as an admin does), like the real server."""
+    tenant, _, local = name.rpartition("/")
+    obj = store.deployments.get(local)
+    return None if obj is None or (tenant and obj.spec.tenant != tenant) else obj
+
+
 class _Deployments(_Base, api_pb2_grpc.DeploymentsServicer):
     def ApplyDeployment(self, request, context):
         self.ep.enter("ApplyDeployment", context, write=True)
@@ -206,7 +214,7 @@ class _Deployments(_Base, api_pb2_grpc.DeploymentsServicer):
 
     def GetDeployment(self, request, context):
         self.ep.enter("GetDeployment", context)
-        obj = self.store.deployments.get(request.name)
+        obj = _deployment(self.store, request.name)
         if obj is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"deployment {request.name!r} not found")
         return obj
@@ -219,7 +227,7 @@ class _Deployments(_Base, api_pb2_grpc.DeploymentsServicer):
     def DeleteDeployment(self, request, context):
         self.ep.enter("DeleteDeployment", context, write=True)
         with self.store.lock:
-            old = self.store.deployments.get(request.name)
+            old = _deployment(self.store, request.name)
             if old is None:
                 context.abort(grpc.StatusCode.NOT_FOUND, f"deployment {request.name!r} not found")
             _check_version(context, old, request.resource_version)
@@ -312,11 +320,11 @@ class _Clusters(_Base, api_pb2_grpc.ClustersServicer):
 class _Scaling(_Base, api_pb2_grpc.ScalingServicer):
     def Explain(self, request, context):
         self.ep.enter("Explain", context)
-        d = self.store.deployments.get(request.deployment)
+        d = _deployment(self.store, request.deployment)
         if d is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"deployment {request.deployment!r} not found")
         return api_pb2.Explanation(
-            deployment=request.deployment, tenant=d.spec.tenant, desired_replicas=3, desired_warm_pool=1,
+            deployment=d.metadata.name, tenant=d.spec.tenant, desired_replicas=3, desired_warm_pool=1,
             history=[api_pb2.Decision(revision=7, at_ms=1_700_000_000_000, replicas=3, warm_pool=1, reason="scale_up",
                                       message="concurrency 70 / 24 per replica")],
             live=api_pb2.LiveDecision(at_ms=1_700_000_001_000, current=2, target=3, granted=3, reason="scale_up",

@@ -70,6 +70,8 @@ def test_json_object_list_and_kind_list() -> None:
     (GOOD.replace("resourceVersion: 7", "resourceVersion: seven"), "object 2 (Deployment/chat): metadata.resourceVersion: must be an integer"),
     (GOOD.replace("kind: Tenant", "kind: tenants"), "kind: must be one of Zone, Cluster, Tenant, Deployment, got 'tenants' (did you mean 'Tenant'?)"),
     (GOOD.replace("name: team-a", "name: Team_A"), "object 1 (Tenant/Team_A): metadata.name: 'Team_A' is not a valid id"),
+    (GOOD.replace("name: chat", "name: team-a/chat"),
+     "object 2 (Deployment/team-a/chat): metadata.name: 'team-a/chat' is qualified: metadata.name is the name within"),
     (GOOD.replace("apiVersion: controlplane.io/v1\nkind: Tenant", "apiVersion: v1\nkind: Tenant"), "apiVersion: must be 'controlplane.io/v1'"),
     (GOOD.replace("spec:\n  priority: 100", "spec:\n  quota: {h100: 2}"), "object 1 (Tenant/team-a): spec.priority: required"),
     (GOOD.replace("metadata:\n  name: team-a", "metadata:\n  name: team-a\n  labels: {}"), "metadata.labels: unknown field"),

@@ -47,6 +47,8 @@ METHODS = {
     "Cluster": ("Clusters", "GetCluster", "ListClusters", "DeleteCluster"),
     "Zone": ("Clusters", "GetZone", "ListZones", "DeleteZone"),
 }
+NAME_HELP = ("the object's name; deployment names are per tenant: admins name one TENANT/NAME "
+             "(a tenant's token: NAME, its own tenant implied)")
 
 
 class UsageError(Exception):
@@ -102,7 +104,7 @@ def build_parser(prog: str = "tenantctl") -> argparse.ArgumentParser:
 
     g = add("get", "list objects, or show one (-w: keep watching)")
     g.add_argument("kind", help="tenants, deployments, clusters, zones or tokens")
-    g.add_argument("name", nargs="?")
+    g.add_argument("name", nargs="?", help=NAME_HELP)
     _output(g, render.FORMATS)
     g.add_argument("-w", "--watch", action="store_true", help="after listing, print changes as they happen")
     g.add_argument("--tenant", default="", help="deployments/tokens: only this tenant's")
@@ -110,7 +112,7 @@ def build_parser(prog: str = "tenantctl") -> argparse.ArgumentParser:
 
     d = add("describe", "show one object in detail")
     d.add_argument("kind")
-    d.add_argument("name")
+    d.add_argument("name", help=NAME_HELP)
 
     a = add("apply", "create or update the objects in files (YAML or JSON)")
     a.add_argument("-f", "--filename", action="append", required=True, metavar="FILE", help="file, or - for stdin (repeatable)")
@@ -118,12 +120,12 @@ def build_parser(prog: str = "tenantctl") -> argparse.ArgumentParser:
 
     rm = add("delete", "delete objects (KIND NAME, or -f FILE)")
     rm.add_argument("kind", nargs="?")
-    rm.add_argument("name", nargs="?")
+    rm.add_argument("name", nargs="?", help=NAME_HELP)
     rm.add_argument("-f", "--filename", action="append", metavar="FILE")
     rm.add_argument("--resource-version", type=int, default=0, help="delete only at this version")
 
     e = add("explain", "why a deployment has the replicas it has: live evaluation and decision history")
-    e.add_argument("deployment")
+    e.add_argument("deployment", help="its name; admins: TENANT/NAME")
     e.add_argument("--limit", type=int, default=20, help="decisions to show (default 20, at most 200)")
     _output(e, ("table", "json", "yaml"))
 
@@ -370,6 +372,8 @@ def _fetch(s: Session, client: ApiClient, kind: str, name: str | None) -> list[A
     service, get, lst, _ = METHODS[kind]
     read = _read(client, s)
     if name:
+        if kind == "Deployment" and "/" not in name and s.opt("tenant"):
+            name = f"{s.opt('tenant')}/{name}"  # deployment names are per tenant (get --tenant T NAME)
         return [client.call(service, get, api_pb2.GetRequest(name=name, read=read))]
     req = api_pb2.ListRequest(read=read, tenant=(s.opt("tenant") or "") if kind == "Deployment" else "")
     reply = client.call(service, lst, req)
@@ -419,6 +423,8 @@ def print_objects(s: Session, kind: str, results: list[tuple[cfgmod.Context, lis
         for ctx, objs in results:
             for o in objs:
                 name = o.id if kind == "Token" else o.metadata.name
+                if kind == "Deployment":  # names are per tenant: the form every principal may send back
+                    name = f"{o.spec.tenant}/{name}"
                 prefix = f"{ctx.name}/" if s.multi else ""
                 s.out.write(f"{prefix}{kind.lower()}/{name}\n")
         return
@@ -539,7 +545,8 @@ def _describe(s: Session, client: ApiClient, kind: str, obj: Any) -> None:
         s.console.print(render.make_table(["  ID", "STATE", "CLUSTER", "ZONE", "INIT", "SINCE", "PREEMPTED"],
                                           [["  " + r[0], *r[1:]] for r in rows]))
     try:
-        exp = client.call("Scaling", "Explain", api_pb2.ExplainRequest(deployment=meta.name, limit=5))
+        exp = client.call("Scaling", "Explain", api_pb2.ExplainRequest(  # qualified: right for admins and tenants
+            deployment=f"{obj.spec.tenant}/{meta.name}", limit=5))
     except (ApiError, Unreachable):
         return
     if exp.history:
@@ -603,7 +610,7 @@ def apply_one(client: ApiClient, m: mf.Manifest) -> str:
                 raise
         client.call("Tenants", "UpdateTenant", api_pb2.UpdateTenantRequest(tenant=msg))
         return "configured"
-    existed = _exists(client, m.kind, m.name)
+    existed = _exists(client, m.kind, m.address)
     if m.kind == "Deployment":
         client.call("Deployments", "ApplyDeployment", api_pb2.ApplyDeploymentRequest(deployment=msg))
     elif m.kind == "Cluster":
@@ -646,7 +653,7 @@ def cmd_delete(s: Session) -> int:
         if s.args.kind or s.args.name:
             raise UsageError("delete: give either KIND NAME or -f FILE, not both")
         for m in _sorted(load_manifests(s, s.args.filename), reverse=True):
-            targets.append((m.kind, m.name, m.resource_version or s.args.resource_version, f"{m.where}: "))
+            targets.append((m.kind, m.address, m.resource_version or s.args.resource_version, f"{m.where}: "))
     else:
         if not s.args.name:
             raise UsageError("delete: give KIND NAME (e.g. delete deployment chat) or -f FILE")
