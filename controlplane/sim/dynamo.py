@@ -23,7 +23,8 @@ In both: ``ttft_ms`` = the tenant's TTFT SLO, ``itl_ms`` = Dynamo's default 50 m
 no ITL objective), ``max_gpu_budget`` = the caller's GPU budget for the deployment (at most
 ``max_replicas x gpus_per_instance``, so every target is reachable), ``min_endpoint`` =
 ``max(1, min_replicas)`` (Dynamo's default is 1 and it never scales an aggregated deployment to
-zero), every other setting Dynamo's default.
+zero), Dynamo's wall-clock deadlines lifted (:data:`WALL_DEADLINE_S`), every other setting
+Dynamo's default.
 
 Dynamo is a bench-only dependency (``make bench-deps`` installs it into ``.venv-bench``);
 :func:`dynamo_available` says whether it can be imported here and, when not, why.
@@ -49,6 +50,11 @@ DYNAMO_VERSION = "1.6.1"
 MODES = ("throughput", "load")
 DEFAULT_ITL_MS = 50.0
 """Dynamo's default ITL target (``SLAPlannerDefaults.itl_ms``): our tenants have no ITL objective."""
+WALL_DEADLINE_S = 86_400.0
+"""Dynamo's orchestrator bounds each plugin call (5 s) and each tick (30 s) in wall-clock time; in
+a simulation the planner's thinking time is not the simulated fleet's time, and a deadline that a
+busy machine misses (an ARIMA fit in the PREDICT plugin) would change decisions from run to run.
+Both are lifted to a day so that results depend only on the seed."""
 CONTEXT_LENGTH = 32_768
 """The engines' advertised context length (a capability Dynamo reads; only its easy mode uses it)."""
 _NON_DRAINING = (InstanceState.PENDING, InstanceState.WARMING, InstanceState.READY, InstanceState.BUSY)
@@ -120,6 +126,8 @@ def planner_settings(mode: str, d: Deployment, *, gpu_budget: int, ttft_ms: floa
         "decode_engine_num_gpu": d.gpus_per_instance,
         "enable_throughput_scaling": mode == "throughput",
         "enable_load_scaling": mode == "load",
+        "scheduling": {"tick_max_duration_seconds": WALL_DEADLINE_S},
+        "plugin_registration": {"transport": {"request_timeout_seconds": WALL_DEADLINE_S}},
     }
 
 
@@ -176,7 +184,10 @@ class _DeploymentPlanner:
         planner_config, engine_caps, worker_caps, replay = _dynamo()
         self.profile = profile
         with _root_logging_kept():
-            config = planner_config(**settings)
+            try:
+                config = planner_config(**settings)
+            except ValueError as exc:  # pydantic's ValidationError names the field
+                raise ValueError(f"Dynamo PlannerConfig for model {profile.name}: {exc}") from None
             caps = worker_caps(decode=engine_caps(**engine_capabilities(profile)))
             self._adapter = replay.create_replay_planner_adapter(config, caps, capture_details=False)
             self.next_tick_ms: int | None = int(self._adapter.initial_tick_ms())
@@ -213,8 +224,10 @@ class DynamoPolicy:
     """NVIDIA Dynamo's planner, aggregated mode, as a :class:`~controlplane.sim.baselines.ReplicaPolicy`.
 
     ``gpu_budgets``: each deployment's ``max_gpu_budget`` (for the fleet, its tenant's quota in the
-    deployment's pool); ``ttft_ms``: each deployment's TTFT target (its tenant's TTFT SLO). Call
-    :meth:`close` when done (each planner owns an asyncio event loop).
+    deployment's pool); ``ttft_ms``: each deployment's TTFT target (its tenant's TTFT SLO);
+    ``settings``: other ``PlannerConfig`` fields to set (none by default: Dynamo's defaults), e.g.
+    ``{"load_scaling_down_sensitivity": 100}``. Call :meth:`close` when done (each planner owns an
+    asyncio event loop).
     """
 
     wants_traffic = True
@@ -222,7 +235,8 @@ class DynamoPolicy:
 
     def __init__(self, mode: Literal["throughput", "load"], gpu_budgets: Mapping[DeploymentId, int],
                  ttft_ms: Mapping[DeploymentId, float], *, itl_ms: float = DEFAULT_ITL_MS,
-                 initial: Mapping[DeploymentId, int] | None = None) -> None:
+                 initial: Mapping[DeploymentId, int] | None = None,
+                 settings: Mapping[str, Any] | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"mode: {mode!r} is not one of {', '.join(MODES)}")
         reason = dynamo_available()
@@ -234,6 +248,7 @@ class DynamoPolicy:
         self._ttft = dict(ttft_ms)
         self._itl_ms = itl_ms
         self._initial = dict(initial or {})
+        self._settings = dict(settings or {})
         self._planners: dict[DeploymentId, _DeploymentPlanner] = {}
         self.decisions: dict[DeploymentId, list[Decision]] = {}
 
@@ -247,7 +262,7 @@ class DynamoPolicy:
                 if d.id not in table:
                     raise ValueError(f"{name}: no entry for deployment {d.id}")
             settings = planner_settings(self.mode, d, gpu_budget=self._budgets[d.id], ttft_ms=self._ttft[d.id],
-                                        itl_ms=self._itl_ms)
+                                        itl_ms=self._itl_ms) | self._settings
             planner = self._planners[d.id] = _DeploymentPlanner(settings, PROFILES[d.model])
         return planner
 
