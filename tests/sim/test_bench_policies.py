@@ -11,10 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.bench.policies import FRONTIER, pareto, versus
+from controlplane.bench.policies import DYNAMO, FRONTIER, pareto, versus
+from controlplane.sim.dynamo import dynamo_available
 from tests.conftest import long_mode
 
-POLICIES = ["controlplane", "hpa", "kpa", "static", "oracle"]
+# Dynamo's rows run where Dynamo is installed (.venv-bench) and are skipped, with the reason, elsewhere.
+DYNAMO_REASON = dynamo_available()
+POLICIES = ["controlplane", "hpa", "kpa", "static", "oracle"] + (list(DYNAMO) if DYNAMO_REASON is None else [])
 
 
 @pytest.mark.slow
@@ -29,6 +32,9 @@ def test_bench_policies_json_files_and_bound(tmp_path: Path, traces_dir: Path) -
     assert res.returncode == 0, res.stderr
     result = json.loads(res.stdout)
     assert result["seed"] == 3
+    assert result["skipped"] == ({} if DYNAMO_REASON is None else dict.fromkeys(DYNAMO, DYNAMO_REASON))
+    if DYNAMO_REASON is not None:
+        assert f"skipped dynamo-load: {DYNAMO_REASON}" in res.stderr
     assert [t["trace"] for t in result["traces"]] == ["AzureLLMInferenceTrace_code.csv",
                                                       "AzureLLMInferenceTrace_conv.csv"]
     for trace in result["traces"]:
