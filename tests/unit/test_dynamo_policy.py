@@ -293,13 +293,11 @@ def test_load_based_scale_down_sensitivity() -> None:
 
 
 @needs_dynamo
-def test_a_short_simulation_is_deterministic_and_ticks_on_dynamos_schedule() -> None:
+def test_a_short_simulation_is_deterministic_and_ticks_on_dynamos_schedule(traces_dir: Path) -> None:
     from controlplane.sim.engine import Simulation
     from controlplane.sim.runner import trace_scenario, workloads_of
 
-    trace = Path(__file__).resolve().parents[3] / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
-    if not trace.is_file():
-        trace = Path("/work/shared/traces/AzureLLMInferenceTrace_conv.csv")
+    trace = traces_dir / "AzureLLMInferenceTrace_conv.csv"
     scenario = trace_scenario(str(trace), model="llama3-8b-h100", engine="vllm", rate_scale=1.0, seed=1)
     scenario = _limit(scenario, 420)
     summaries, decisions = [], []
