@@ -71,9 +71,21 @@ def _kube_allocator(ctx: FleetContext) -> Any:
 
 KUBE_ALLOCATOR: Callable[[FleetContext], Any] | None = _kube_allocator
 KUBE_MISSING = "the Kubernetes scheduler stand-in (controlplane.sim.kube.KubeScheduler) is not available"
-DYNAMO_POLICY: Callable[..., b.ReplicaPolicy] | None = None
+def _dynamo_policy(*, mode: str, gpu_budgets: Mapping[DeploymentId, int], scenario: Scenario) -> b.ReplicaPolicy:
+    from controlplane.sim.dynamo import policy_for
+
+    return policy_for(mode, scenario, gpu_budgets)  # type: ignore[arg-type]
+
+
+def _dynamo_missing() -> str | None:
+    from controlplane.sim.dynamo import dynamo_available
+
+    return dynamo_available()
+
+
+DYNAMO_POLICY: Callable[..., b.ReplicaPolicy] | None = _dynamo_policy
 """At merge: ``controlplane.sim.dynamo.DynamoPolicy`` (keywords ``mode``, ``gpu_budgets``)."""
-DYNAMO_MISSING = "NVIDIA Dynamo's planner adapter (controlplane.sim.dynamo.DynamoPolicy) is not merged yet"
+DYNAMO_MISSING: str | None = _dynamo_missing()
 """At merge: ``dynamo_available()`` (None when importable, else why not)."""
 
 ORDER = ("controlplane", "hpa+k8s", "kpa+k8s", "dynamo-throughput", "dynamo-load", "static", "oracle")
@@ -131,9 +143,11 @@ def pooled_oracle(scenario: Scenario, schedules: Mapping[DeploymentId, Sequence[
 
 
 def gpu_budgets(scenario: Scenario) -> dict[DeploymentId, int]:
-    """Dynamo's ``max_gpu_budget`` per deployment: its tenant's quota in the deployment's pool."""
+    """Dynamo's ``max_gpu_budget`` per deployment: its tenant's quota in the deployment's pool, and
+    at least one instance's GPUs (a team deploying Dynamo gives it room for one engine; a budget
+    below one engine is refused by Dynamo's own budget guard)."""
     tenants = {t.id: t for t in scenario.tenants}
-    return {d.id: tenants[d.tenant].quota_in(d.pool) for d in scenario.deployments}
+    return {d.id: max(tenants[d.tenant].quota_in(d.pool), d.gpus_per_instance) for d in scenario.deployments}
 
 
 def _controlplane(ctx: FleetContext) -> Setup:
@@ -160,7 +174,8 @@ def _autoscaler_with_k8s(kind: str) -> Callable[[FleetContext], Setup]:
 def _dynamo(mode: str) -> Callable[[FleetContext], Setup]:
     def build(ctx: FleetContext) -> Setup:
         assert DYNAMO_POLICY is not None and KUBE_ALLOCATOR is not None
-        return Setup(DYNAMO_POLICY(mode=mode, gpu_budgets=gpu_budgets(ctx.scenario)), KUBE_ALLOCATOR(ctx))
+        return Setup(DYNAMO_POLICY(mode=mode, gpu_budgets=gpu_budgets(ctx.scenario), scenario=ctx.scenario),
+                     KUBE_ALLOCATOR(ctx))
 
     return build
 

@@ -13,7 +13,13 @@ model (:func:`controlplane.sim.runner.trace_scenario`: three zones of 16 H100s, 
 * ``static``: the peak the trace needs (the clairvoyant schedule's maximum), serving from the start;
 * ``oracle``: the clairvoyant schedule (:func:`~controlplane.sim.baselines.oracle_schedule`), each
   instance started one cold start (+10 % jitter, + a tick) ahead of need: the GPU-time bound the
-  ratios are taken against.
+  ratios are taken against;
+* ``dynamo-throughput``, ``dynamo-load``: NVIDIA Dynamo's planner (ai-dynamo 1.6.1, its own code,
+  :mod:`controlplane.sim.dynamo`), aggregated SLA mode, throughput-based every 180 s with ARIMA, or
+  load-based every 5 s; ``max_gpu_budget`` = ``max_replicas x gpus_per_instance`` (the most the
+  deployment may hold), ``ttft_ms`` = the tenant's TTFT SLO. Skipped, with the reason printed, where
+  Dynamo is not installed (``make bench-deps``; docs/baselines-dynamo.md). They are not among
+  :data:`BASELINES`, the rows the issue's targets are checked against.
 
 Our policy is also replayed at a few other settings of its two cost knobs (:data:`FRONTIER`), so the
 report can compare it with each baseline at equal GPU-hours or equal SLO attainment, not only at
@@ -42,11 +48,13 @@ from controlplane.sim.metrics import SimResult
 from controlplane.sim.runner import trace_scenario, workloads_of
 from controlplane.sim.scenario import Scenario
 
-POLICIES = ("controlplane", "hpa", "kpa", "static", "oracle")
+DYNAMO = ("dynamo-throughput", "dynamo-load")
+POLICIES = ("controlplane", "hpa", "kpa", "static", "oracle", *DYNAMO)
 BASELINES = ("hpa", "kpa", "static")
 DEFAULT_TRACES = ("AzureLLMInferenceTrace_code.csv", "AzureLLMInferenceTrace_conv.csv")
 DEFAULT_MODEL = "llama3-70b-h100x4"
-COLORS = {"controlplane": "#d62728", "hpa": "#1f77b4", "kpa": "#2ca02c", "static": "#7f7f7f", "oracle": "#9467bd"}
+COLORS = {"controlplane": "#d62728", "hpa": "#1f77b4", "kpa": "#2ca02c", "static": "#7f7f7f", "oracle": "#9467bd",
+          "dynamo-throughput": "#76b900", "dynamo-load": "#ff7f0e"}
 
 
 FRONTIER: tuple[tuple[int, float], ...] = (
@@ -117,6 +125,11 @@ def make_policy(name: str, scenario: Scenario, workloads: dict, seed: int) -> b.
         return b.HpaAutoscaler(b.HpaConfig(), targets=targets)
     if name == "kpa":
         return b.KpaAutoscaler(b.KpaConfig(), seed=seed, targets=targets)
+    if name in DYNAMO:
+        from controlplane.sim import dynamo
+
+        budgets = {d.id: d.max_replicas * d.gpus_per_instance for d in scenario.deployments}
+        return dynamo.policy_for(name.removeprefix("dynamo-"), scenario, budgets)
     schedules = oracle_schedules(scenario, workloads, scenario.spec.tick_ms)
     if name == "static":
         return b.StaticPolicy({dep: max(s) for dep, s in schedules.items()})
@@ -136,9 +149,12 @@ class Run:
 def run_policy(name: str, scenario: Scenario, seed: int, progress: Callable[[int, int], None] | None = None) -> Run:
     workloads = workloads_of(scenario, seed)
     started = time.perf_counter()
-    sim = Simulation(scenario, workloads, seed=seed, progress=progress,
-                     policy=make_policy(name, scenario, workloads, seed))
-    result = sim.run()
+    policy = make_policy(name, scenario, workloads, seed)
+    try:
+        sim = Simulation(scenario, workloads, seed=seed, progress=progress, policy=policy)
+        result = sim.run()
+    finally:
+        getattr(policy, "close", lambda: None)()
     # The collector keeps every TTFT for its percentiles; the distribution plot needs them all.
     ttfts = sorted(t for counts in sim.collector._counts.values() for t in counts.ttfts)
     return Run(name, result, ttfts, time.perf_counter() - started)
@@ -242,9 +258,25 @@ def parameters() -> dict[str, Any]:
                 "panic_window_s": kpa.panic_window_ms / 1000, "panic_threshold": kpa.panic_threshold,
                 "max_scale_up_rate": kpa.max_scale_up_rate, "max_scale_down_rate": kpa.max_scale_down_rate},
         "static": "max of the clairvoyant schedule, serving from t=0",
+        "dynamo": {"package": "ai-dynamo==1.6.1 (its planner code, driven through its ReplayPlannerAdapter)",
+                   "mode": "agg", "optimization_target": "sla", "ttft_ms": "the tenant's TTFT SLO", "itl_ms": 50.0,
+                   "max_gpu_budget": "max_replicas x gpus_per_instance", "min_endpoint": "max(1, min_replicas)",
+                   "dynamo-throughput": "throughput-based every 180 s, ARIMA predictor, load-based off",
+                   "dynamo-load": "load-based every 5 s (sensitivity 80 %, 5 observations), throughput-based off",
+                   "perf_model": "forward-pass times from the simulator's ModelProfile (docs/baselines-dynamo.md)"},
         "oracle": "per second: max(prefill work over an SLO-long window, requests in system / max_num_seqs, "
                   "KV tokens / KV capacity), the max over the next cold start x 1.1 + 2 ticks + 1 s",
     }
+
+
+def unavailable(policies: Sequence[str]) -> dict[str, str]:
+    """The policies among ``policies`` that cannot run here, each with the reason."""
+    if not any(p in DYNAMO for p in policies):
+        return {}
+    from controlplane.sim.dynamo import dynamo_available
+
+    reason = dynamo_available()
+    return {} if reason is None else {p: reason for p in policies if p in DYNAMO}
 
 
 def run_benchmark(
@@ -255,6 +287,8 @@ def run_benchmark(
     for t in traces:
         if not Path(t).is_file():
             raise ControlPlaneError(f"--trace: {t}: no such file")
+    skipped = unavailable(policies)
+    policies = [p for p in policies if p not in skipped]
     runs: dict[str, dict[str, Run]] = {}
     sweeps: dict[str, list[tuple[int, float, Run]]] = {}
     knobs: dict[str, tuple[int, float]] = {}
@@ -281,7 +315,8 @@ def run_benchmark(
         entries = [entry(per[p], bound) for p in policies]
         front = frontier_entries(per.get("controlplane"), sweeps.get(trace, []), knobs[trace])
         out.append({"trace": trace, "policies": entries, "frontier": front, "targets": targets_check(entries, front)})
-    results = {"seed": seed, "rate_scale": rate_scale, "limit_s": limit_s, "parameters": parameters(), "traces": out}
+    results = {"seed": seed, "rate_scale": rate_scale, "limit_s": limit_s, "parameters": parameters(), "traces": out,
+               "skipped": skipped}
     return results, runs
 
 
@@ -340,6 +375,7 @@ def report_markdown(results: dict[str, Any], command: str, wall: dict[str, dict[
             lines += targets_markdown(tr["targets"]) + [""]
         if wall and tr["trace"] in wall:
             lines += ["Simulation wall time: " + ", ".join(f"{p} {s:.1f} s" for p, s in wall[tr["trace"]].items()), ""]
+    lines += [f"Skipped {name}: {reason}" for name, reason in results.get("skipped", {}).items()]
     return "\n".join(lines)
 
 
@@ -496,6 +532,8 @@ def run_cli(traces: Sequence[str] | None, out: str, as_json: bool, seed: int, *,
     paths = [Path(t) for t in traces] if traces else default_traces()
     show = sys.stderr.isatty() if progress is None else progress
     results, runs = run_benchmark(paths, seed=seed, rate_scale=rate_scale, limit_s=limit_s, show_progress=show)
+    for name, reason in results["skipped"].items():
+        print(f"bench policies: skipped {name}: {reason}", file=sys.stderr)
     out_dir = Path(out)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -517,4 +555,4 @@ def run_cli(traces: Sequence[str] | None, out: str, as_json: bool, seed: int, *,
     return 0
 
 
-__all__ = ["POLICIES", "run_benchmark", "run_cli"]
+__all__ = ["DYNAMO", "POLICIES", "run_benchmark", "run_cli", "unavailable"]

@@ -39,6 +39,7 @@ from controlplane.domain.ids import DeploymentId, InstanceId
 from controlplane.domain.instances import InstanceState
 from controlplane.domain.profiles import ModelProfile
 from controlplane.domain.tenants import Deployment
+from controlplane.sim.traffic import TrafficWindow
 
 S = InstanceState
 
@@ -58,6 +59,9 @@ class PolicyView:
     pods: tuple[PodView, ...]
     gateway_waiting: int = 0
     """Requests queued at the gateway (Knative's activator) because no instance serves."""
+    traffic: TrafficWindow | None = None
+    """The deployment's traffic since the previous call and its engines' load now; filled only for
+    a policy whose ``wants_traffic`` attribute is true (:mod:`controlplane.sim.traffic`)."""
 
 
 class ReplicaPolicy(Protocol):

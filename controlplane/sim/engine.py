@@ -41,6 +41,7 @@ from controlplane.sim.cluster import (
 )
 from controlplane.sim.metrics import Collector, SimResult
 from controlplane.sim.scenario import Scenario, ScenarioError
+from controlplane.sim.traffic import TrafficMeter, engine_loads
 from controlplane.sim.workload import Request
 
 ARRIVAL, TICK, CLUSTER_DOWN, CLUSTER_UP = 10, 11, 12, 13
@@ -120,9 +121,11 @@ class Simulation:
         ]
         profiles = {d.id: PROFILES[d.model] for d in scenario.deployments}
         self.collector = Collector(scenario, self.tick_ms)
+        # Traffic windows only for a policy that reads them (Dynamo's planner); they only observe.
+        self._traffic = TrafficMeter(d.id for d in scenario.deployments) if getattr(policy, "wants_traffic", False) else None
         self.fleet = SimFleet(
-            profiles, self._schedule,
-            random.Random(f"{seed}:fleet"), self._failure_probability, self.collector.request_done,
+            profiles, self._schedule, random.Random(f"{seed}:fleet"), self._failure_probability,
+            self.collector.request_done if self._traffic is None else self._request_done,
         )
         self.registry = CollectorRegistry()
         # Transitions are counted always but logged only when a logger is given (--events): a long
@@ -204,7 +207,10 @@ class Simulation:
         current = current_replicas(state, d)
         if self._allocator is not None:
             current = self._spec.get(d.id, current)
-        want = self._policy.target(d, PolicyView(current, tuple(pods), gateway), now_ms)
+        traffic = None
+        if self._traffic is not None:
+            traffic = self._traffic.take(d.id, now_ms, engine_loads(self.fleet.by_deployment[d.id].values(), now_ms))
+        want = self._policy.target(d, PolicyView(current, tuple(pods), gateway, traffic), now_ms)
         target = min(max(want, d.min_replicas), d.max_replicas)
         if self._allocator is not None:
             self._spec[d.id] = target
@@ -216,6 +222,11 @@ class Simulation:
             reason = scaling.ScaleReason.WITHIN_TOLERANCE
         return scaling.ScaleDecision(target, 0, state.memory_of(d.id), reason,
                                      f"{self._policy.name}: {current} -> {target} (asked {want})")
+
+    def _request_done(self, req: SimRequest, now_ms: int) -> None:
+        self.collector.request_done(req, now_ms)
+        if self._traffic is not None:
+            self._traffic.done(req, now_ms)
 
     def _schedule(self, at_ms: float, kind: int, payload: object) -> None:
         self._seq += 1
@@ -262,6 +273,8 @@ class Simulation:
             processed += 1
             if kind == ARRIVAL:
                 self.collector.arrival(payload, now)
+                if self._traffic is not None:
+                    self._traffic.arrival(payload)
             handlers[kind](payload, now)
         return self.collector.finish(self.end_ms, self.fleet, self.state, self.loop, self.seed, processed)
 

