@@ -74,6 +74,9 @@ class Coordinator:
         member = member or build_member(cfg, node_class=node_class)
         self.node = member.node
         self.guard = member.guard
+        self.api: ApiServer | None = None
+        """Set by :meth:`start`. None until then: a member started by ``launch`` whose storage already
+        failed calls ``_on_storage_failure`` at once, from ``add_fatal_listener`` below."""
         self.registry = CollectorRegistry()
         self.registry.register(CoordinatorCollector(self._metrics_view))
         self._tick_seconds = Histogram("controlplane_tick_duration_seconds", "One control-loop tick, I/O included.",
@@ -100,7 +103,6 @@ class Coordinator:
             self.replicator, self.adapter, self.observations, rng=random.Random(),
             authority=self._authority, holder=cfg.node_id, act_delay_s=cfg.fault_act_delay_ms / 1000, signer=signer,
         )
-        self.api: ApiServer | None = None
         self._stop = threading.Event()
         self._loop_thread: threading.Thread | None = None
         self._bootstrapped_epoch: int | None = None
