@@ -9,6 +9,11 @@ stopped here), lets it run ``--seconds`` and reports, as JSON:
   member's record merged), ``holder_changes``: lease epochs after the first, ``final_term``;
 * ``first_leader_s`` / ``first_holder_s``: from the moment every member's RaftNode had started (and
   ``..._from_spawn_s``: from the first process spawn, interpreter start-up included);
+* ``startup``: every member's start-up marks from the first spawn and the first holder from the
+  spawn, from the first and the last Raft start (:func:`startup_summary`; ``--fresh-starts N`` runs
+  N short trials of it, ``controlplane/bench/fresh_start.py``);
+* ``mode``: what a member runs (the RaftNode + LeaseGuard stand-in, or the whole coordinator), and
+  ``bytecode``: whether the members read byte-compiled modules (:func:`prepare_bytecode`);
 * per member: tick gaps (p50/p99/max and counts over 50..2000 ms), GC pauses, fsync count/mean/max,
   every election it started with the time since it last heard the leader and the tick gap around it;
 * ``loadavg`` (``/proc/loadavg``) at start, every ``SAMPLE_LOAD_S`` and at the end, and ``uptime``.
@@ -266,7 +271,8 @@ def run_stability(seconds: float, *, cpu: int = 0, disk: bool = False, overrides
         shutil.rmtree(root, ignore_errors=True)
     out = merge(reports, group_start, spawn)
     return {
-        "seconds": seconds, "mode": mode, "bytecode": prepared, "cpu_burners": cpu, "disk_writer": disk, "overrides": dict(overrides or {}),
+        "seconds": seconds, "mode": mode, "bytecode": prepared, "cpu_burners": cpu, "disk_writer": disk,
+        "overrides": dict(overrides or {}),
         **out, "startup": startup_summary(started, reports, [m.spawned_s for m in members]),
         "members": [_member_view(r) for r in reports],
         "uptime": {"start": uptime_start, "end": uptime_end}, "loadavg": samples,
