@@ -28,8 +28,7 @@ from pathlib import Path
 import grpc
 import structlog
 
-from adapters.service import STALE_EPOCH_METADATA
-from adapters.wire import observations_of
+from adapters.wire import STALE_EPOCH_METADATA, observations_of
 from controlplane.api.channel import open_channel
 from controlplane.api.v1 import adapter_pb2, adapter_pb2_grpc
 from controlplane.config import is_loopback_address

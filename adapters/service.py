@@ -60,7 +60,7 @@ from adapters.backend import (
     ScaleCommand,
 )
 from adapters.identity import CoordinatorIdentity
-from adapters.wire import batch_of
+from adapters.wire import STALE_EPOCH_METADATA, batch_of
 from controlplane.api.v1 import adapter_pb2, adapter_pb2_grpc
 from controlplane.config import is_loopback_address
 from controlplane.domain.errors import (
@@ -83,7 +83,6 @@ MAX_REMEMBERED_REQUESTS = 100_000
 """Idempotency memory: request ids applied recently (oldest forgotten first)."""
 MAX_STREAMS = 16
 """Open Observe streams per adapter (each holds a server thread); more get RESOURCE_EXHAUSTED."""
-STALE_EPOCH_METADATA = ("cp-error", "stale-epoch")
 SERVICE_NAME = adapter_pb2.DESCRIPTOR.services_by_name["ClusterAdapter"].full_name
 AUTHORIZATION = "authorization"
 UNAUTHENTICATED_WARNING = "adapter is unauthenticated (loopback only)"

@@ -8,6 +8,11 @@ from controlplane.api.v1 import adapter_pb2
 from controlplane.domain.ids import DeploymentId, InstanceId
 from controlplane.domain.observations import InstanceReport, InstanceSample, Observations
 
+STALE_EPOCH_METADATA = ("cp-error", "stale-epoch")
+"""Trailing metadata of a FAILED_PRECONDITION that is a stale fencing epoch (the service sets it, the
+client reads it); here, not in ``adapters.service``, so the coordinators' client does not import the
+adapter server (its gRPC health/reflection services, backends and identity checks)."""
+
 
 def batch_of(cluster_id: str, seq: int, stream_id: str, obs: Observations,
              observe_failed: bool = False) -> adapter_pb2.ObservationBatch:

@@ -34,14 +34,14 @@ from controlplane.domain.tenants import Deployment, Tenant
 from controlplane.domain.tokens import Role, TokenRecord, parse_token
 from controlplane.domain.topology import Cluster
 from controlplane.fencing import FenceSigner
+from controlplane.member import RaftMember, build_member
 from controlplane.runtime.clock import wall_ms
-from controlplane.runtime.lease_guard import LeaseGuard
 from controlplane.runtime.loop import ControlLoop
 from controlplane.runtime.metrics import CoordinatorCollector, MetricsView
 from controlplane.runtime.transitions import TransitionRecorder
 from controlplane.specs import deployment_of, tenant_of
 from controlplane.tokens import hash_secret
-from raft.node import RaftNode, dial_override_node_class
+from raft.node import RaftNode
 from raft.replicator import RaftReplicator
 
 log = structlog.get_logger("controlplane.coordinator")
@@ -64,13 +64,19 @@ class Topology:
 
 
 class Coordinator:
-    def __init__(self, cfg: CoordinatorConfig, topology: Topology = Topology(), *, node_class=None) -> None:
+    def __init__(self, cfg: CoordinatorConfig, topology: Topology = Topology(), *, node_class=None,
+                 member: RaftMember | None = None) -> None:
+        """``member``: a Raft member already started by ``controlplane.member.launch`` (Raft first,
+        then this half); without it one is built here and started by :meth:`start`."""
         self.cfg = cfg
         self.topology = topology
-        if node_class is None and cfg.raft_dial_overrides:
-            node_class = dial_override_node_class(dict(cfg.raft_dial_overrides))
-        self.node = RaftNode(cfg, node_class=node_class)
-        self.guard = LeaseGuard(self.node, cfg)
+        self._member_started = member is not None
+        member = member or build_member(cfg, node_class=node_class)
+        self.node = member.node
+        self.guard = member.guard
+        self.api: ApiServer | None = None
+        """Set by :meth:`start`. None until then: a member started by ``launch`` whose storage already
+        failed calls ``_on_storage_failure`` at once, from ``add_fatal_listener`` below."""
         self.registry = CollectorRegistry()
         self.registry.register(CoordinatorCollector(self._metrics_view))
         self._tick_seconds = Histogram("controlplane_tick_duration_seconds", "One control-loop tick, I/O included.",
@@ -97,7 +103,6 @@ class Coordinator:
             self.replicator, self.adapter, self.observations, rng=random.Random(),
             authority=self._authority, holder=cfg.node_id, act_delay_s=cfg.fault_act_delay_ms / 1000, signer=signer,
         )
-        self.api: ApiServer | None = None
         self._stop = threading.Event()
         self._loop_thread: threading.Thread | None = None
         self._bootstrapped_epoch: int | None = None
@@ -106,8 +111,10 @@ class Coordinator:
 
     # --- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> None:
-        self.node.start()
-        self.guard.start()
+        if not self._member_started:
+            self.node.start()
+            self.guard.start()
+            self._member_started = True
         self.observations.start()  # every member follows the adapters: warm filters at failover
         self.api = serve(self.cfg, self.node, status=self.status, members=self, holder=_HolderView(self))
         if self.node.fatal_error():  # failed before the API existed (e.g. at load)

@@ -138,13 +138,16 @@ class TickWatch:
                 self._keep(self.leases, LeaseSeen(now_s, holder, epoch))
 
     def gc_callback(self, phase: str, info: Mapping[str, object]) -> None:
+        """``gc.callbacks`` entry. Takes no lock: a collection runs in whichever thread allocates,
+        also inside this watch's own locked sections (``summary`` allocates plenty), where taking the
+        (non-reentrant) lock deadlocked that thread, and with it the tick thread. Only collections
+        write ``_gc_start`` and append to ``_gc`` (one at a time, under the GIL); readers copy."""
         now = self._clock()
-        with self._lock:
-            if phase == "start":
-                self._gc_start = now
-            elif phase == "stop" and self._gc_start is not None:
-                self._gc.append((now - self._gc_start) * 1000.0)
-                self._gc_start = None
+        if phase == "start":
+            self._gc_start = now
+        elif phase == "stop" and self._gc_start is not None:
+            self._gc.append((now - self._gc_start) * 1000.0)
+            self._gc_start = None
 
     def _keep(self, bucket: list, item: object) -> None:  # type: ignore[type-arg]
         if len(bucket) < MAX_RECORDS:

@@ -9,6 +9,11 @@ stopped here), lets it run ``--seconds`` and reports, as JSON:
   member's record merged), ``holder_changes``: lease epochs after the first, ``final_term``;
 * ``first_leader_s`` / ``first_holder_s``: from the moment every member's RaftNode had started (and
   ``..._from_spawn_s``: from the first process spawn, interpreter start-up included);
+* ``startup``: every member's start-up marks from the first spawn and the first holder from the
+  spawn, from the first and the last Raft start (:func:`startup_summary`; ``--fresh-starts N`` runs
+  N short trials of it, ``controlplane/bench/fresh_start.py``);
+* ``mode``: what a member runs (the RaftNode + LeaseGuard stand-in, or the whole coordinator), and
+  ``bytecode``: whether the members read byte-compiled modules (:func:`prepare_bytecode`);
 * per member: tick gaps (p50/p99/max and counts over 50..2000 ms), GC pauses, fsync count/mean/max,
   every election it started with the time since it last heard the leader and the tick gap around it;
 * ``loadavg`` (``/proc/loadavg``) at start, every ``SAMPLE_LOAD_S`` and at the end, and ``uptime``.
@@ -33,6 +38,7 @@ from typing import Any
 import yaml
 
 from controlplane.bench.load import background_load
+from controlplane.bench.stability_node import MODES
 
 REPO = Path(__file__).resolve().parents[2]
 PASSWORD = "stability-bench-password-0123"
@@ -40,6 +46,32 @@ START_TIMEOUT_S = 60.0
 REPORT_TIMEOUT_S = 30.0
 SAMPLE_LOAD_S = 30.0
 MAX_SECONDS = 3600.0
+
+
+PACKAGES = ("controlplane", "raft", "adapters")
+BYTECODE = ("compiled", "source")
+
+
+def prepare_bytecode(bytecode: str) -> dict[str, Any]:
+    """``compiled``: byte-compile the project's packages (only stale files), as a production install
+    does (``deploy/Dockerfile``: ``pip install`` compiles at install time), so every member reads
+    ``.pyc`` files. An editable install under ``PYTHONDONTWRITEBYTECODE=1`` (this repository's
+    development setting) otherwise recompiles the project's ~100 modules in every process start:
+    about 0.3 s of CPU per member on a quiet machine, several seconds beside 8 burners.
+    ``source``: remove those ``__pycache__`` folders (git-ignored, nothing else is in them) to measure
+    that slower start on purpose. Returns what was done and how long it took."""
+    import compileall
+
+    t0 = time.monotonic()
+    dirs = [REPO / p for p in PACKAGES]
+    if bytecode == "compiled":
+        ok = all(compileall.compile_dir(d, quiet=1, workers=1) for d in dirs)
+    else:
+        for d in dirs:
+            for cache in d.rglob("__pycache__"):
+                shutil.rmtree(cache, ignore_errors=True)
+        ok = True
+    return {"bytecode": bytecode, "ok": bool(ok), "seconds": round(time.monotonic() - t0, 3)}
 
 
 def _loadavg() -> str:
@@ -64,11 +96,13 @@ class _Member:
         self.log = workdir / f"{self.node_id}.log"
         self.answers: queue.Queue[dict[str, Any]] = queue.Queue()
         self.proc: subprocess.Popen[str] | None = None
+        self.spawned_s = 0.0
 
-    def spawn(self) -> None:
+    def spawn(self, mode: str = "node") -> None:
+        self.spawned_s = time.monotonic()
         with open(self.log, "a", encoding="utf-8") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "controlplane.bench.stability_node", str(self.path)], cwd=REPO,
+                [sys.executable, "-m", "controlplane.bench.stability_node", str(self.path), mode], cwd=REPO,
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, bufsize=1,
                 env={**os.environ, "PYTHONPATH": str(REPO)},
             )
@@ -151,6 +185,33 @@ def merge(reports: list[dict[str, Any]], group_start_s: float, spawn_s: float) -
     }
 
 
+def startup_summary(started: list[dict[str, Any]], reports: list[dict[str, Any]], spawned_s: list[float]) -> dict[str, Any]:
+    """Where a fresh start's time goes, in seconds from the first member's spawn: per member its
+    spawn, ``main`` (interpreter and imports done), configuration loaded, RaftNode started and
+    everything started (``ready``); then the first lease holder from the first spawn, from the first
+    and from the last RaftNode start, and ``holder_ready``: the first time a member both held the lease
+    and had started everything it runs (for a coordinator: API and control loop)."""
+    t0 = min(spawned_s)
+
+    def rel(t: float | None) -> float | None:
+        return None if t is None else round(t - t0, 3)
+
+    members = [{"node": st["started"], "spawn_s": rel(sp), **{k: rel(v) for k, v in st.get("phases", {}).items()}}
+               for st, sp in zip(started, spawned_s)]
+    raft_starts = [st["t_s"] for st in started]
+    auth = {r["node_id"]: r["first_authority_s"] for r in reports if r.get("first_authority_s") is not None}
+    phases = {st["started"]: st.get("phases", {}) for st in started}
+    first = min(auth.values(), default=None)
+    ready = [max(t, phases[n].get("ready_s", t)) for n, t in auth.items()]
+    return {
+        "members": members,
+        "first_holder_from_spawn_s": rel(first),
+        "first_holder_from_first_raft_start_s": None if first is None else round(first - min(raft_starts), 3),
+        "first_holder_from_last_raft_start_s": None if first is None else round(first - max(raft_starts), 3),
+        "holder_ready_from_spawn_s": rel(min(ready, default=None)),
+    }
+
+
 def _member_view(r: dict[str, Any]) -> dict[str, Any]:
     d = r["durability"]
     return {
@@ -162,9 +223,17 @@ def _member_view(r: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_stability(seconds: float, *, cpu: int = 0, disk: bool = False, overrides: dict[str, Any] | None = None,
-                  disk_mb: int = 256, log: Any = None) -> dict[str, Any]:
+                  disk_mb: int = 256, log: Any = None, mode: str = "node", bytecode: str = "compiled") -> dict[str, Any]:
+    """``mode``: what each member process runs (``stability_node.MODES``: ``node`` = RaftNode +
+    LeaseGuard; ``coordinator`` = the whole coordinator as ``controlplane coordinator`` starts it).
+    ``bytecode``: see :func:`prepare_bytecode` (done before the load starts)."""
     if not 1 <= seconds <= MAX_SECONDS:
         raise ValueError(f"seconds: must be between 1 and {MAX_SECONDS:.0f}, got {seconds}")
+    if mode not in MODES:
+        raise ValueError(f"mode: must be one of {', '.join(MODES)}, got {mode!r}")
+    if bytecode not in BYTECODE:
+        raise ValueError(f"bytecode: must be one of {', '.join(BYTECODE)}, got {bytecode!r}")
+    prepared = prepare_bytecode(bytecode)
     say = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     root = Path(tempfile.mkdtemp(prefix="controlplane-stability-"))
     members = [_Member(c, root) for c in member_configs(root, dict(overrides or {}))]
@@ -180,7 +249,7 @@ def run_stability(seconds: float, *, cpu: int = 0, disk: bool = False, overrides
                 samples.append(_loadavg())
             spawn = time.monotonic()
             for m in members:
-                m.spawn()
+                m.spawn(mode)
             started = [m.next(START_TIMEOUT_S) for m in members]
             if not all("started" in s for s in started):
                 raise RuntimeError(f"members did not start: {started}")
@@ -202,8 +271,10 @@ def run_stability(seconds: float, *, cpu: int = 0, disk: bool = False, overrides
         shutil.rmtree(root, ignore_errors=True)
     out = merge(reports, group_start, spawn)
     return {
-        "seconds": seconds, "cpu_burners": cpu, "disk_writer": disk, "overrides": dict(overrides or {}),
-        **out, "members": [_member_view(r) for r in reports],
+        "seconds": seconds, "mode": mode, "bytecode": prepared, "cpu_burners": cpu, "disk_writer": disk,
+        "overrides": dict(overrides or {}),
+        **out, "startup": startup_summary(started, reports, [m.spawned_s for m in members]),
+        "members": [_member_view(r) for r in reports],
         "uptime": {"start": uptime_start, "end": uptime_end}, "loadavg": samples,
         "group_up_after_spawn_s": round(group_start - spawn, 3),
     }
@@ -219,19 +290,24 @@ def _parse_set(items: list[str]) -> dict[str, Any]:
     return out
 
 
-def run_cli(seconds: float, cpu: int, disk: bool, sets: list[str], out: str | None) -> int:
+def run_cli(seconds: float | None, cpu: int, disk: bool, sets: list[str], out: str | None, *,
+            mode: str = "node", fresh_starts: int = 0, bytecode: str = "compiled") -> int:
+    """One long run (``--seconds``, default 60), or with ``fresh_starts`` that many fresh starts of
+    ``FRESH_SECONDS`` each (``controlplane/bench/fresh_start.py``)."""
+    from controlplane.bench.fresh_start import FRESH_SECONDS, run_fresh_starts, write_result
     from controlplane.domain.errors import ControlPlaneError
 
     if not 0 <= cpu <= 32:
         raise ControlPlaneError(f"--cpu: must be between 0 and 32, got {cpu}")
     try:
         overrides = _parse_set(sets)
-        result = run_stability(seconds, cpu=cpu, disk=disk, overrides=overrides)
+        if fresh_starts:
+            result = run_fresh_starts(fresh_starts, cpu=cpu, disk=disk, mode=mode, overrides=overrides, bytecode=bytecode,
+                                      seconds=FRESH_SECONDS if seconds is None else seconds)
+        else:
+            result = run_stability(60.0 if seconds is None else seconds, cpu=cpu, disk=disk, overrides=overrides, mode=mode,
+                                   bytecode=bytecode)
     except (ValueError, RuntimeError) as exc:
         raise ControlPlaneError(f"bench stability: {exc}") from None
-    text = json.dumps(result, indent=2)
-    if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(text, encoding="utf-8")
-    print(text)
+    write_result(result, out)
     return 0

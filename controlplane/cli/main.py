@@ -12,8 +12,6 @@ import sys
 from collections.abc import Sequence
 from contextlib import ExitStack
 
-import structlog
-
 from controlplane.domain.errors import ControlPlaneError
 from controlplane.domain.profiles import PROFILES
 
@@ -134,7 +132,16 @@ def _parser() -> argparse.ArgumentParser:
     bc.add_argument("--json", action="store_true", help="print the totals as JSON on stdout")
     bl = bench_sub.add_parser("stability", help="leader/lease changes, tick stalls, GC and fsync of a fresh 3-member group "
                                                 "with no fault, optionally beside CPU burners and a disk writer (JSON)")
-    bl.add_argument("--seconds", type=float, default=60.0, help="measured duration (default 60)")
+    bl.add_argument("--seconds", type=float, default=None,
+                    help="measured duration (default 60; with --fresh-starts: per start, default 6)")
+    bl.add_argument("--mode", default="node", choices=("node", "coordinator", "coordinator-eager"),
+                    help="what each member runs: RaftNode + LeaseGuard (node, default), the whole coordinator as "
+                         "`controlplane coordinator` starts it, or in the former all-imports-first order")
+    bl.add_argument("--bytecode", default="compiled", choices=("compiled", "source"),
+                    help="members read byte-compiled modules as an installed image does (compiled, default), or "
+                         "recompile the project at every start as an editable install under PYTHONDONTWRITEBYTECODE")
+    bl.add_argument("--fresh-starts", type=int, default=0, metavar="N",
+                    help="N fresh starts instead of one long run: time to the first lease holder (median, max)")
     bl.add_argument("--cpu", type=int, default=0, help="CPU-burning processes beside the group (default 0)")
     bl.add_argument("--disk", action="store_true", help="also run a disk-heavy writer (fsync'ed 1 MiB blocks, <= 256 MiB)")
     bl.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
@@ -197,15 +204,30 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _coordinator(args: argparse.Namespace) -> int:
     from controlplane.config import load_config
-    from controlplane.coordinator import Coordinator, topology_of
 
     cfg = load_config(args.config)
-    _service_logging()
-    node = Coordinator(cfg, topology_of(cfg))
+    node = start_coordinator(cfg)
     stopped = _on_signals(node.stop)
-    node.start()
     stopped.wait()
     return 0
+
+
+def start_coordinator(cfg, **hooks):  # -> controlplane.coordinator.Coordinator
+    """The coordinator as ``controlplane coordinator`` starts it: Raft and the lease first
+    (``controlplane.member.launch``), then JSON logging (the early records held until then) while the
+    first election timer runs, then the API and the control loop. ``hooks``: ``launch``'s."""
+    from controlplane.cli.logs import buffer_early_logs, service_logging
+    from controlplane.member import launch
+
+    early = buffer_early_logs()
+    after = hooks.pop("after_member", None)
+
+    def member_started(member) -> None:
+        if after is not None:
+            after(member)
+        service_logging(early)
+
+    return launch(cfg, after_member=member_started, **hooks)
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -273,7 +295,9 @@ def _adapter(args: argparse.Namespace) -> int:
             raise ControlPlaneError(f"adapter: {flag}: {problem}") from None
         except ConfigError as exc:
             raise ControlPlaneError(f"adapter: --auth-token-file: {str(exc).split(': ', 1)[1]}") from None
-    _service_logging()
+    from controlplane.cli.logs import service_logging
+
+    service_logging()
     auth_token, tls = cfg.auth_token(), cfg.tls_pair()
     gpus = _gpu_inventory() if cfg.nvml else None
     backend = build_backend(cfg)
@@ -291,6 +315,8 @@ def _adapter(args: argparse.Namespace) -> int:
 def _gpu_inventory():
     """NVML on the adapter's host: one "no NVML" warning when there is no driver (samples then carry
     the engines' own GPU metrics), else one ``gpu_inventory`` event listing the GPUs."""
+    import structlog
+
     from adapters.gpu import GpuMonitor
 
     monitor = GpuMonitor()
@@ -299,30 +325,6 @@ def _gpu_inventory():
             {"index": g.index, "uuid": g.uuid, "name": g.name, "total_bytes": g.total, "used_bytes": g.used}
             for g in monitor.read()])
     return monitor
-
-
-def _service_logging() -> None:
-    """Long-running services log one JSON object per line on stderr (timestamped, with a level),
-    what log collectors (Fluent Bit, Vector, Loki) ingest without a parser."""
-    structlog.configure(
-        processors=[structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso", utc=True),
-                    structlog.processors.JSONRenderer(sort_keys=True)],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-        cache_logger_on_first_use=True,
-    )
-    # Modules that log through the standard library (the lease guard, the Raft node, pysyncobj)
-    # come out as the same JSON lines instead of bare text (or nothing: no handler by default).
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
-        foreign_pre_chain=[structlog.stdlib.add_log_level, structlog.stdlib.add_logger_name,
-                           structlog.processors.TimeStamper(fmt="iso", utc=True)],
-        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, structlog.processors.format_exc_info,
-                    structlog.processors.JSONRenderer(sort_keys=True)],
-    ))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(logging.INFO)
 
 
 def _on_signals(stop):
@@ -396,7 +398,8 @@ def _bench(args: argparse.Namespace) -> int:
     if args.bench == "stability":
         from controlplane.bench.stability import run_cli as run_stability
 
-        return run_stability(args.seconds, args.cpu, args.disk, args.set, args.out)
+        return run_stability(args.seconds, args.cpu, args.disk, args.set, args.out, mode=args.mode,
+                             fresh_starts=args.fresh_starts, bytecode=args.bytecode)
     if args.bench == "fleet":
         from controlplane.bench.fleet import run_cli as run_fleet
 
@@ -480,6 +483,8 @@ def _simulate(args: argparse.Namespace) -> int:
 
 def _event_logger(stack: ExitStack, path: str | None):
     """Transitions as JSON lines in ``path``; without a path they are counted but not printed."""
+    import structlog
+
     if path is None:
         return structlog.wrap_logger(None, wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     try:

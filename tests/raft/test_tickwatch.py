@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import threading
+
 from raft.tickwatch import TickWatch
 
 
@@ -46,3 +49,28 @@ def test_request_votes_and_gc_pauses_are_counted() -> None:
     s = w.summary()
     assert s["vote_requests_received"] == {"c": 2}
     assert s["gc_pause_ms"]["n"] == 1 and s["gc_pause_ms"]["max"] == 25.0
+
+
+class CollectsWhenCopied:
+    """A lease holder value whose copy runs a garbage collection, i.e. a collection that starts
+    inside ``summary()``'s locked section (where ``asdict`` deep-copies each record)."""
+
+    def __deepcopy__(self, memo: dict) -> CollectsWhenCopied:  # type: ignore[type-arg]
+        gc.collect()
+        return self
+
+
+def test_a_collection_inside_the_watch_s_own_locked_section_does_not_deadlock() -> None:
+    w = TickWatch("a", lambda: 0.0)
+    w.observe_lease(1.0, CollectsWhenCopied(), 1)  # type: ignore[arg-type]
+    out: list[dict] = []  # type: ignore[type-arg]
+    gc.callbacks.append(w.gc_callback)
+    try:
+        t = threading.Thread(target=lambda: out.append(w.summary()), daemon=True)
+        t.start()
+        t.join(10.0)
+    finally:
+        gc.callbacks.remove(w.gc_callback)
+    assert not t.is_alive(), "summary() deadlocked on the GC callback"
+    assert out[0]["leases_seen"][0]["epoch"] == 1
+    assert w.summary()["gc_pause_ms"]["n"] >= 1  # the collection inside the first summary was counted

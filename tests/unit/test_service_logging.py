@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import logging
+from datetime import datetime, timezone
 
 import pytest
 import structlog
 
-from controlplane.cli.main import _service_logging
+from controlplane.cli import logs
 
 
 @pytest.fixture
@@ -30,7 +31,7 @@ def lines(capsys: pytest.CaptureFixture[str]) -> list[dict]:
 
 
 def test_stdlib_records_become_json_lines(service_logging) -> None:
-    _service_logging()
+    logs.service_logging()
     logging.getLogger("controlplane.runtime.lease_guard").warning("lost the lease at epoch %d", 7)
     logging.getLogger("raft.node").debug("below INFO: dropped")
     try:
@@ -46,7 +47,22 @@ def test_stdlib_records_become_json_lines(service_logging) -> None:
 
 
 def test_structlog_events_keep_their_json_shape(service_logging) -> None:
-    _service_logging()
+    logs.service_logging()
     structlog.get_logger().info("tick_slow", took_ms=12)
     (event,) = lines(service_logging)
     assert (event["event"], event["took_ms"], event["level"]) == ("tick_slow", 12, "info")
+
+
+def test_records_before_logging_is_set_up_come_out_first_with_their_own_time(service_logging) -> None:
+    early = logs.buffer_early_logs()  # a coordinator: Raft starts (and logs) before structlog is imported
+    logging.getLogger("raft.node").info("storage opened")
+    logging.getLogger("raft.node").debug("below INFO: dropped")
+    (held,) = early.buffer
+    logs.service_logging(early)
+    logging.getLogger("controlplane.runtime.lease_guard").info("acquired the lease: epoch %d", 1)
+    first, second = lines(service_logging)
+    assert (first["event"], first["logger"], first["level"]) == ("storage opened", "raft.node", "info")
+    stamp = datetime.fromtimestamp(held.created, tz=timezone.utc).isoformat().replace("+00:00", "Z")
+    assert first["timestamp"] == stamp  # when it was logged, not when it was written
+    assert second["event"] == "acquired the lease: epoch 1"
+    assert logging.getLogger().handlers[0] is not early
