@@ -57,9 +57,11 @@ def _parse_count(where: str, field: str, text: str) -> int:
     return value
 
 
-def read_azure_trace(path: str | Path, *, rate_scale: float = 1.0, limit_s: float | None = None) -> list[Request]:
-    """Read an Azure LLM inference trace. ``rate_scale`` > 1 compresses time (more load);
-    ``limit_s`` keeps only the first seconds of the trace."""
+def read_azure_trace(path: str | Path, *, rate_scale: float = 1.0, limit_s: float | None = None,
+                     skip_s: float = 0.0) -> list[Request]:
+    """Read an Azure LLM inference trace. ``skip_s`` drops the rows of its first seconds (trace time:
+    the result starts ``skip_s`` into the trace, at 0); ``rate_scale`` > 1 then compresses time (more
+    load); ``limit_s`` keeps only the first seconds of the result (simulated time)."""
     path = Path(path)
     if not (rate_scale > 0 and math.isfinite(rate_scale)):
         raise TraceError(f"rate_scale must be a finite number > 0, got {rate_scale}")
@@ -68,10 +70,10 @@ def read_azure_trace(path: str | Path, *, rate_scale: float = 1.0, limit_s: floa
     except OSError as exc:
         raise TraceError(f"{path}: cannot open: {exc.strerror or exc}") from None
     with handle:
-        return list(_rows(path, handle, rate_scale, limit_s))
+        return list(_rows(path, handle, rate_scale, limit_s, skip_s))
 
 
-def _rows(path: Path, handle, rate_scale: float, limit_s: float | None) -> Iterator[Request]:
+def _rows(path: Path, handle, rate_scale: float, limit_s: float | None, skip_s: float = 0.0) -> Iterator[Request]:
     reader = csv.reader(handle)
     try:
         header = next(reader)
@@ -98,7 +100,11 @@ def _rows(path: Path, handle, rate_scale: float, limit_s: float | None) -> Itera
                 raise TraceError(f"{where}: TIMESTAMP: rows must be in time order ({row[0]} is earlier than the row before)")
             prev = ts
             t0 = ts if t0 is None else t0
-            rel_s = (ts - t0) / rate_scale
+            if ts - t0 < skip_s:
+                _parse_count(where, "ContextTokens", row[1])  # a skipped row must still be well-formed
+                _parse_count(where, "GeneratedTokens", row[2])
+                continue
+            rel_s = (ts - t0 - skip_s) / rate_scale
             if limit_s is not None and rel_s > limit_s:
                 return
             yield Request(
