@@ -85,7 +85,8 @@ def workloads_of(scenario: Scenario, seed: int) -> dict[DeploymentId, list[Reque
             out[DeploymentId(spec.id)] = _rate_series(scenario, i, w, rng, offset_ms, trace)
         elif isinstance(w, GeneratedWorkload):
             gen = GeneratorSpec(**w.generator.model_dump())
-            out[DeploymentId(spec.id)] = generate(gen, rng, start_ms=offset_ms)
+            bursts = random.Random(f"{seed}:bursts:{gen.burst_group}") if gen.burst_group else None
+            out[DeploymentId(spec.id)] = generate(gen, rng, start_ms=offset_ms, burst_rng=bursts)
     return out
 
 

@@ -75,6 +75,9 @@ class GeneratorModel(Finite):
     burst_factor: float = Field(6.0, ge=0, le=1_000)
     prompt_mean: float = Field(1200.0, gt=0, le=1_000_000)
     output_mean: float = Field(200.0, gt=0, le=1_000_000)
+    burst_group: Annotated[str, Field(max_length=200)] = ""
+    """Generators of the same group burst together (same burst_every_s/burst_duration_s/duration_s
+    give the same windows)."""
 
     @pydantic.model_validator(mode="after")
     def _bounded_total(self) -> GeneratorModel:

@@ -133,12 +133,18 @@ class GeneratorSpec:
     """Rate multiplier during a burst."""
     prompt_mean: float = 1200.0
     output_mean: float = 200.0
+    burst_group: str = ""
+    """Generators with the same non-empty group burst at the same times (one event hitting several
+    services: their burst windows are drawn from the group's random stream, not the deployment's)."""
 
 
-def generate(spec: GeneratorSpec, rng: random.Random, *, start_ms: int = 0) -> list[Request]:
-    """Draw arrivals by thinning a Poisson process against the rate envelope (Lewis-Shedler)."""
+def generate(spec: GeneratorSpec, rng: random.Random, *, start_ms: int = 0,
+             burst_rng: random.Random | None = None) -> list[Request]:
+    """Draw arrivals by thinning a Poisson process against the rate envelope (Lewis-Shedler).
+    ``burst_rng``: where the burst windows are drawn (default ``rng``; the runner passes the burst
+    group's stream)."""
     peak = spec.base_rps * (1 + spec.diurnal_amplitude) * max(1.0, spec.burst_factor)
-    bursts = _burst_windows(spec, rng)
+    bursts = _burst_windows(spec, rng if burst_rng is None else burst_rng)
     out: list[Request] = []
     t = 0.0
     while True:
