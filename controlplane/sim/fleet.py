@@ -9,9 +9,9 @@ max_replicas]``, then held over the next cold start (:func:`~controlplane.sim.ba
 with :func:`hold_lead_ms`: an instance must be asked for that long before it serves, so capacity for
 a burst is held from one cold start before it), times the GPUs per instance, summed per pool. This is
 the schedule the ``oracle`` baseline follows, which meets the SLOs when the pools are large enough
-(measured on the built-in fleet with unlimited pools: 99.6 % attainment, docs/simulator.md); the bare
-per-second bound, without the hold, is ``hold=False`` (it underestimates what any policy needs by
-~1.6x on that fleet). Nothing here depends on a policy's result: it is a property of the fleet file
+(measured on the built-in fleet with 400-GPU pools: 99.8 % attainment, docs/simulator.md); the
+bare per-second bound, without the hold, is ``hold=False`` (on that fleet its mean is 1.35x (H100)
+and 1.7x (A100) below the held one). Nothing here depends on a policy's result: it is a property of the fleet file
 and its workloads.
 """
 

@@ -37,7 +37,7 @@ from controlplane.specs import (
     tenant_of,
 )
 from controlplane.sim.workload import GeneratorSpec
-from controlplane.sim.yamllines import parse_with_lines
+from controlplane.sim.yamllines import line_of, parse_with_lines
 
 MAX_SCENARIO_BYTES = 4 * 1024 * 1024
 
@@ -254,9 +254,7 @@ class Scenario:
 
     def where(self, *loc: str | int) -> str:
         """``FILE:LINE`` of a field (``where("deployments", 2, "workload", "rates")``), for errors
-        found after loading (a malformed or too large rate series)."""
-        from controlplane.sim.yamllines import line_of
-
+        found after loading (a too large rate series)."""
         line = line_of(self.lines, loc)
         return f"{self.source}:{line}" if line is not None else self.source
 

@@ -192,5 +192,9 @@ def _file_problems(i: int, workload: dict[str, Any], base_dir: Path) -> Iterator
         except ValueError as exc:
             yield loc, str(exc)
             continue
-        if not path.is_file():
-            yield loc, f"cannot open {path}: {'not a file' if path.exists() else 'no such file'}"
+        try:
+            problem = None if path.is_file() else ("not a file" if path.exists() else "no such file")
+        except (OSError, ValueError) as exc:  # a NUL byte, a name too long
+            problem = str(exc)
+        if problem:
+            yield loc, f"cannot open {path}: {problem}"

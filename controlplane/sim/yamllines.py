@@ -31,8 +31,12 @@ def parse_with_lines(text: str) -> tuple[Any, dict[Path_, int]]:
         loader.dispose()
     lines: dict[Path_, int] = {(): node.start_mark.line + 1}
     stack: list[tuple[Path_, yaml.Node]] = [((), node)]
+    seen: set[int] = set()
     while stack:  # iterative: the nesting depth is the user's
         path, n = stack.pop()
+        if id(n) in seen:  # an alias: walk each node once (a billion-laughs document stays linear)
+            continue
+        seen.add(id(n))
         if isinstance(n, yaml.MappingNode):
             for key, val in n.value:
                 if not isinstance(key, yaml.ScalarNode):

@@ -179,7 +179,7 @@ def test_every_problem_is_printed_one_per_line_with_its_line(tmp_path: Path) -> 
         f"{path}:3: tenants[0].quota.h100: Input should be greater than or equal to 0",
         f"{path}:6: deployments[0].tenant: unknown tenant 't9' (tenants: t1)",
         f"{path}:7: deployments[0].engine: Input should be 'vllm', 'triton' or 'deepspeed-mii'",
-        f"{path}:12: colour: Extra inputs are not permitted",
+        f"{path}:11: colour: Extra inputs are not permitted",
     ]
 
 
