@@ -1,12 +1,20 @@
-"""Scenario files: YAML validated with pydantic (unknown fields rejected), turned into domain values.
+"""Scenario (fleet) files: YAML validated with pydantic (unknown fields rejected), turned into domain values.
 
-Every error names the file and the field path (``tenants[1].quota.h100: ...``) and is raised as a
-:class:`ScenarioError`; the CLI prints it as one line and exits non-zero.
+A fleet file is a scenario file: every scenario runs as a fleet, and the optional ``fleet:`` section
+holds what only fleet benchmarks read (``docs/simulator.md``, "Fleet files").
+
+Errors: every problem of a file is collected (schema, references, duplicate ids, domain invariants,
+missing trace files) and raised as one :class:`ScenarioError` whose message has one line per problem,
+``FILE:LINE: field.path: message`` (``controlplane/sim/scenario_checks.py``); the CLI prints them and
+exits non-zero.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -15,7 +23,7 @@ import yaml
 from pydantic import Field
 
 from controlplane.config import yaml_problem
-from controlplane.domain.errors import PermanentError, ValidationError
+from controlplane.domain.errors import PermanentError
 from controlplane.domain.ids import ClusterId, PoolId
 from controlplane.domain.tenants import Deployment, Tenant
 from controlplane.domain.topology import Cluster
@@ -29,13 +37,18 @@ from controlplane.specs import (
     tenant_of,
 )
 from controlplane.sim.workload import GeneratorSpec
+from controlplane.sim.yamllines import line_of, parse_with_lines
 
 MAX_SCENARIO_BYTES = 4 * 1024 * 1024
 
 
 class ScenarioError(PermanentError):
-    """A scenario could not be loaded; the message names the file and the field."""
+    """A scenario could not be loaded. The message has one ``FILE:LINE: field: problem`` line per
+    problem; ``problems`` holds the same lines."""
 
+    def __init__(self, message: str, problems: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.problems = problems or (message,)
 
 
 MAX_GENERATED_REQUESTS = 50_000_000
@@ -62,6 +75,9 @@ class GeneratorModel(Finite):
     burst_factor: float = Field(6.0, ge=0, le=1_000)
     prompt_mean: float = Field(1200.0, gt=0, le=1_000_000)
     output_mean: float = Field(200.0, gt=0, le=1_000_000)
+    burst_group: Annotated[str, Field(max_length=200)] = ""
+    """Generators of the same group burst together (same burst_every_s/burst_duration_s/duration_s
+    give the same windows)."""
 
     @pydantic.model_validator(mode="after")
     def _bounded_total(self) -> GeneratorModel:
@@ -87,10 +103,45 @@ class ClusterSpec(Strict):
 
 
 class TraceWorkload(Finite):
+    """An Azure-format trace. ``skip_s`` starts it that many seconds (trace time) into the file,
+    ``rate_scale`` compresses what follows K-fold, ``limit_s`` keeps that many simulated seconds of it,
+    ``offset_s`` delays its first request that long into the run."""
+
     trace: str
     rate_scale: float = Field(1.0, gt=0, le=1000)
+    skip_s: float = Field(0.0, ge=0, le=MAX_OFFSET_S)
     offset_s: float = Field(0.0, ge=0, le=MAX_OFFSET_S)
     limit_s: float | None = Field(None, gt=0)
+
+
+class RateSeriesWorkload(Finite):
+    """A ServeGen rate series (``window_start_s,total_rate_rps``) turned into seeded Poisson arrivals
+    (``controlplane/sim/rates.py``): trace second ``t`` plays at ``offset_s + (t - from_s) /
+    time_compression``, at ``rate_scale`` x the file's rate."""
+
+    rates: str
+    time_compression: float = Field(1.0, gt=0, le=1_000_000)
+    rate_scale: float = Field(1.0, gt=0, le=1000)
+    from_s: float = Field(0.0, ge=0)
+    """First trace second used (window range start)."""
+    to_s: float | None = Field(None, gt=0)
+    """Trace second where use ends (default: the end of the series)."""
+    interpolation: Literal["step", "linear"] = "step"
+    lengths_from: str | None = None
+    """An Azure-format trace whose (prompt, output) pairs are drawn; none: the built-in log-normals."""
+    prompt_mean: float | None = Field(None, gt=0, le=1_000_000)
+    """Built-in lengths only (default 1200)."""
+    output_mean: float | None = Field(None, gt=0, le=1_000_000)
+    """Built-in lengths only (default 200)."""
+    offset_s: float = Field(0.0, ge=0, le=MAX_OFFSET_S)
+
+    @pydantic.model_validator(mode="after")
+    def _consistent(self) -> RateSeriesWorkload:
+        if self.to_s is not None and self.to_s <= self.from_s:
+            raise ValueError(f"to_s ({self.to_s:g}) must be after from_s ({self.from_s:g})")
+        if self.lengths_from is not None and (self.prompt_mean is not None or self.output_mean is not None):
+            raise ValueError("prompt_mean/output_mean are for the built-in lengths; drop them or lengths_from")
+        return self
 
 
 class GeneratedWorkload(Finite):
@@ -98,14 +149,28 @@ class GeneratedWorkload(Finite):
     offset_s: float = Field(0.0, ge=0, le=MAX_OFFSET_S)
 
 
+WORKLOAD_TAGS = ("TraceWorkload", "RateSeriesWorkload", "GeneratedWorkload")
+
+
 def _workload_kind(value: Any) -> str:
-    return "TraceWorkload" if isinstance(value, dict) and "trace" in value else "GeneratedWorkload"
+    if isinstance(value, dict) and "trace" in value:
+        return "TraceWorkload"
+    if isinstance(value, dict) and "rates" in value:
+        return "RateSeriesWorkload"
+    return "GeneratedWorkload"
+
+
+Workload = Annotated[
+    Annotated[TraceWorkload, pydantic.Tag("TraceWorkload")]
+    | Annotated[RateSeriesWorkload, pydantic.Tag("RateSeriesWorkload")]
+    | Annotated[GeneratedWorkload, pydantic.Tag("GeneratedWorkload")],
+    pydantic.Discriminator(_workload_kind),
+]
 
 
 class DeploymentSpec(DeploymentBase):
-    workload: Annotated[Annotated[TraceWorkload, pydantic.Tag("TraceWorkload")] | Annotated[GeneratedWorkload, pydantic.Tag("GeneratedWorkload")],
-                        pydantic.Discriminator(_workload_kind)]
-    """A trace or a generator: errors name the fields of the one given, not of both."""
+    workload: Workload
+    """A trace, a rate series or a generator: errors name the fields of the one given, not of all."""
 
 
 class FailureSpec(Finite):
@@ -117,6 +182,16 @@ class FailureSpec(Finite):
     end_s: float = Field(gt=0)
 
 
+class FleetSpec(Finite):
+    """What a fleet benchmark reads beyond a scenario; every field has a default, so every scenario
+    file is a fleet file."""
+
+    description: str = Field("", max_length=4000)
+    termination_grace_s: float = Field(30.0, ge=0, le=3600)
+    """Kubernetes ``terminationGracePeriodSeconds`` of the pods, for the Kubernetes baselines (the
+    Kubernetes default, 30 s): a deleted pod's running requests may finish this long."""
+
+
 class ScenarioSpec(Strict):
     name: str = "scenario"
     seed: int = 0
@@ -126,10 +201,35 @@ class ScenarioSpec(Strict):
     preemption_grace_ms: int = Field(30_000, ge=0)
     start: Literal["warm", "cold"] = "warm"
     """warm: each deployment starts with min_replicas instances serving; cold: with none."""
+    fleet: FleetSpec = FleetSpec()
     clusters: list[ClusterSpec] = Field(min_length=1)
     tenants: list[TenantSpec] = Field(min_length=1)
     deployments: list[DeploymentSpec] = Field(min_length=1)
     failures: list[FailureSpec] = []
+
+
+SHARED_TRACES = "SHARED_TRACES"
+"""The one variable a workload path may name, ``${SHARED_TRACES}/file.csv``."""
+_VAR = re.compile(r"\$\{([^}]*)\}")
+
+
+def shared_traces_dir(env: Mapping[str, str] | None = None) -> Path:
+    """``$SHARED_TRACES`` if set, else ``../shared/traces`` next to the repository (where
+    ``bench policies`` finds the traces too)."""
+    value = (os.environ if env is None else env).get(SHARED_TRACES)
+    return Path(value) if value else Path(__file__).resolve().parents[3] / "shared" / "traces"
+
+
+def resolve_path(text: str, base_dir: Path) -> Path:
+    """A workload file path: ``${SHARED_TRACES}`` expanded, relative paths against ``base_dir`` (the
+    scenario file's folder). Raises ``ValueError`` for any other ``${...}``."""
+    def expand(m: re.Match[str]) -> str:
+        if m.group(1) != SHARED_TRACES:
+            raise ValueError(f"unknown variable ${{{m.group(1)}}} (only ${{{SHARED_TRACES}}} is expanded)")
+        return str(shared_traces_dir())
+
+    path = Path(_VAR.sub(expand, text))
+    return path if path.is_absolute() else base_dir / path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,18 +241,22 @@ class Scenario:
     clusters: tuple[Cluster, ...]
     tenants: tuple[Tenant, ...]
     deployments: tuple[Deployment, ...]
+    source: str = "scenario"
+    lines: Mapping[tuple[str | int, ...], int] = dataclasses.field(default_factory=dict)
+    """Field path -> line in ``source`` (empty for scenarios not read from a file)."""
 
+    @property
+    def fleet(self) -> FleetSpec:
+        return self.spec.fleet
 
-def _fmt_loc(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif part in ("TraceWorkload", "GeneratedWorkload") or str(part).startswith("function-"):
-            continue
-        else:
-            out += f".{part}" if out else str(part)
-    return out or "(top level)"
+    def path(self, text: str) -> Path:
+        return resolve_path(text, self.base_dir)
+
+    def where(self, *loc: str | int) -> str:
+        """``FILE:LINE`` of a field (``where("deployments", 2, "workload", "rates")``), for errors
+        found after loading (a too large rate series)."""
+        line = line_of(self.lines, loc)
+        return f"{self.source}:{line}" if line is not None else self.source
 
 
 def load_scenario(path: str | Path) -> Scenario:
@@ -160,7 +264,7 @@ def load_scenario(path: str | Path) -> Scenario:
     try:
         if path.stat().st_size > MAX_SCENARIO_BYTES:
             raise ScenarioError(f"{path}: larger than {MAX_SCENARIO_BYTES} bytes")
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw, lines = parse_with_lines(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ScenarioError(f"{path}: cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
@@ -169,50 +273,24 @@ def load_scenario(path: str | Path) -> Scenario:
         raise ScenarioError(yaml_problem(path, exc)) from None
     except RecursionError:
         raise ScenarioError(f"{path}: not valid YAML: nested too deeply") from None
-    return scenario_from_data(raw, source=str(path), base_dir=path.parent)
+    return scenario_from_data(raw, source=str(path), base_dir=path.parent, lines=lines)
 
 
-def scenario_from_data(raw: object, *, source: str, base_dir: Path) -> Scenario:
+def scenario_from_data(raw: object, *, source: str, base_dir: Path,
+                       lines: Mapping[tuple[str | int, ...], int] | None = None) -> Scenario:
+    """Validate ``raw``; raises one :class:`ScenarioError` listing every problem."""
+    from controlplane.sim.scenario_checks import problems_of, raise_problems
+
+    lines = dict(lines or {})
     if not isinstance(raw, dict):
         raise ScenarioError(f"{source}: the top level must be a mapping of scenario fields")
-    try:
-        spec = ScenarioSpec.model_validate(raw)
-    except pydantic.ValidationError as exc:
-        err = exc.errors()[0]
-        more = f" (and {exc.error_count() - 1} more problems)" if exc.error_count() > 1 else ""
-        raise ScenarioError(f"{source}: {_fmt_loc(err['loc'])}: {err['msg']}{more}") from None
-    return _to_domain(spec, source, base_dir)
-
-
-def _to_domain(spec: ScenarioSpec, source: str, base_dir: Path) -> Scenario:
-    _unique(source, "clusters", [c.id for c in spec.clusters])
-    _unique(source, "tenants", [t.id for t in spec.tenants])
-    _unique(source, "deployments", [d.id for d in spec.deployments])
-    try:
-        clusters = tuple(
-            Cluster(ClusterId(c.id), c.zone, c.region, {PoolId(k): v for k, v in c.capacity.items()}) for c in spec.clusters
-        )
-        tenants = tuple(tenant_of(t) for t in spec.tenants)
-    except ValidationError as exc:
-        raise ScenarioError(f"{source}: {exc}") from None
-    tenant_ids = {t.id for t in tenants}
-    deployments = []
-    for i, d in enumerate(spec.deployments):
-        if d.tenant not in tenant_ids:
-            raise ScenarioError(f"{source}: deployments[{i}].tenant: unknown tenant {d.tenant!r}")
-        try:
-            deployments.append(deployment_of(d, f"deployments[{i}]"))
-        except ValidationError as exc:
-            raise ScenarioError(f"{source}: {exc}") from None
-    for i, f in enumerate(spec.failures):
-        if f.end_s <= f.start_s:
-            raise ScenarioError(f"{source}: failures[{i}].end_s: must be after start_s ({f.start_s}), got {f.end_s}")
-    return Scenario(spec, base_dir, clusters, tenants, tuple(deployments))
-
-
-def _unique(source: str, what: str, ids: list[str]) -> None:
-    seen: set[str] = set()
-    for i, ident in enumerate(ids):
-        if ident in seen:
-            raise ScenarioError(f"{source}: {what}[{i}].id: duplicate id {ident!r}")
-        seen.add(ident)
+    spec, problems = problems_of(raw, base_dir)
+    if problems or spec is None:
+        raise_problems(problems, source, lines)
+    assert spec is not None
+    clusters = tuple(
+        Cluster(ClusterId(c.id), c.zone, c.region, {PoolId(k): v for k, v in c.capacity.items()}) for c in spec.clusters
+    )
+    tenants = tuple(tenant_of(t) for t in spec.tenants)
+    deployments = tuple(deployment_of(d, f"deployments[{i}]") for i, d in enumerate(spec.deployments))
+    return Scenario(spec, base_dir, clusters, tenants, deployments, source, lines)

@@ -57,9 +57,11 @@ def _parse_count(where: str, field: str, text: str) -> int:
     return value
 
 
-def read_azure_trace(path: str | Path, *, rate_scale: float = 1.0, limit_s: float | None = None) -> list[Request]:
-    """Read an Azure LLM inference trace. ``rate_scale`` > 1 compresses time (more load);
-    ``limit_s`` keeps only the first seconds of the trace."""
+def read_azure_trace(path: str | Path, *, rate_scale: float = 1.0, limit_s: float | None = None,
+                     skip_s: float = 0.0) -> list[Request]:
+    """Read an Azure LLM inference trace. ``skip_s`` drops the rows of its first seconds (trace time:
+    the result starts ``skip_s`` into the trace, at 0); ``rate_scale`` > 1 then compresses time (more
+    load); ``limit_s`` keeps only the first seconds of the result (simulated time)."""
     path = Path(path)
     if not (rate_scale > 0 and math.isfinite(rate_scale)):
         raise TraceError(f"rate_scale must be a finite number > 0, got {rate_scale}")
@@ -68,10 +70,10 @@ def read_azure_trace(path: str | Path, *, rate_scale: float = 1.0, limit_s: floa
     except OSError as exc:
         raise TraceError(f"{path}: cannot open: {exc.strerror or exc}") from None
     with handle:
-        return list(_rows(path, handle, rate_scale, limit_s))
+        return list(_rows(path, handle, rate_scale, limit_s, skip_s))
 
 
-def _rows(path: Path, handle, rate_scale: float, limit_s: float | None) -> Iterator[Request]:
+def _rows(path: Path, handle, rate_scale: float, limit_s: float | None, skip_s: float = 0.0) -> Iterator[Request]:
     reader = csv.reader(handle)
     try:
         header = next(reader)
@@ -98,7 +100,11 @@ def _rows(path: Path, handle, rate_scale: float, limit_s: float | None) -> Itera
                 raise TraceError(f"{where}: TIMESTAMP: rows must be in time order ({row[0]} is earlier than the row before)")
             prev = ts
             t0 = ts if t0 is None else t0
-            rel_s = (ts - t0) / rate_scale
+            if ts - t0 < skip_s:
+                _parse_count(where, "ContextTokens", row[1])  # a skipped row must still be well-formed
+                _parse_count(where, "GeneratedTokens", row[2])
+                continue
+            rel_s = (ts - t0 - skip_s) / rate_scale
             if limit_s is not None and rel_s > limit_s:
                 return
             yield Request(
@@ -127,12 +133,18 @@ class GeneratorSpec:
     """Rate multiplier during a burst."""
     prompt_mean: float = 1200.0
     output_mean: float = 200.0
+    burst_group: str = ""
+    """Generators with the same non-empty group burst at the same times (one event hitting several
+    services: their burst windows are drawn from the group's random stream, not the deployment's)."""
 
 
-def generate(spec: GeneratorSpec, rng: random.Random, *, start_ms: int = 0) -> list[Request]:
-    """Draw arrivals by thinning a Poisson process against the rate envelope (Lewis-Shedler)."""
+def generate(spec: GeneratorSpec, rng: random.Random, *, start_ms: int = 0,
+             burst_rng: random.Random | None = None) -> list[Request]:
+    """Draw arrivals by thinning a Poisson process against the rate envelope (Lewis-Shedler).
+    ``burst_rng``: where the burst windows are drawn (default ``rng``; the runner passes the burst
+    group's stream)."""
     peak = spec.base_rps * (1 + spec.diurnal_amplitude) * max(1.0, spec.burst_factor)
-    bursts = _burst_windows(spec, rng)
+    bursts = _burst_windows(spec, rng if burst_rng is None else burst_rng)
     out: list[Request] = []
     t = 0.0
     while True:

@@ -167,6 +167,29 @@ def test_unknown_tenant_and_model(tmp_path: Path) -> None:
     _bad(run_cli("simulate", "--scenario", str(path)), "deployments[0].model", "unknown model profile")
 
 
+def test_every_problem_is_printed_one_per_line_with_its_line(tmp_path: Path) -> None:
+    path = _scenario(tmp_path, quota="-1", engine="tgi", extra="colour: blue")
+    path.write_text(path.read_text().replace("tenant: t1", "tenant: t9"))
+    res = run_cli("simulate", "--scenario", str(path))
+    assert res.returncode != 0 and "Traceback" not in res.stderr and res.stdout == ""
+    lines = res.stderr.strip().splitlines()
+    assert lines[0].startswith("controlplane: error: ")
+    lines[0] = lines[0].removeprefix("controlplane: error: ")
+    assert lines == [
+        f"{path}:3: tenants[0].quota.h100: Input should be greater than or equal to 0",
+        f"{path}:6: deployments[0].tenant: unknown tenant 't9' (tenants: t1)",
+        f"{path}:7: deployments[0].engine: Input should be 'vllm', 'triton' or 'deepspeed-mii'",
+        f"{path}:11: colour: Extra inputs are not permitted",
+    ]
+
+
+def test_the_builtin_fleet_loads(tmp_path: Path) -> None:
+    """Running it takes ~30 s (the fleet benchmark does); here: it is packaged and loads."""
+    from controlplane.sim.runner import builtin_scenario
+
+    assert builtin_scenario("fleet").spec.name == "fleet"
+
+
 def test_invalid_yaml(tmp_path: Path) -> None:
     path = tmp_path / "broken.yaml"
     path.write_text("clusters: [\n  {id: c1\n")
