@@ -40,16 +40,24 @@ from controlplane.sim.scenario import Scenario, load_scenario
 from controlplane.sim.workload import Request
 
 SCHEMA_ID = "controlplane.fleet-results/1"
-BUILTIN_FLEET = "demo"
+BUILTIN_FLEET = "fleet"
 """The built-in fleet's resource name in ``controlplane/sim/scenarios`` (until fleet.yaml lands: demo)."""
 TOP_ATTAINMENT_GOAL = 0.99
 PREEMPTION_SUCCESS_GOAL = 0.993
 load_fleet_file: Callable[[str | Path], Scenario] = load_scenario
 """How a ``--fleet`` file is read (the fleet-file loader replaces the scenario loader at merge)."""
 workloads_of: Callable[[Scenario, int], dict[DeploymentId, list[Request]]] = runner.workloads_of
-shortfall_of: Callable[[Scenario, Mapping[DeploymentId, Sequence[Request]]], Mapping[str, Any]] | None = None
-"""Per pool, peak demand against the pool (the fleet-file helper's ``fleet_shortfall``, JSON-able);
-None: not reported (``fleet.shortfall`` is null)."""
+
+
+def _shortfall(scenario: Scenario, workloads: Mapping[DeploymentId, Sequence[Request]]) -> Mapping[str, Any]:
+    from controlplane.sim.fleet import fleet_shortfall
+
+    return {pool: s.as_dict() for pool, s in fleet_shortfall(scenario, workloads).items()}
+
+
+shortfall_of: Callable[[Scenario, Mapping[DeploymentId, Sequence[Request]]], Mapping[str, Any]] | None = _shortfall
+"""Per pool, peak demand (what the oracle holds) against the pool (:func:`controlplane.sim.fleet.fleet_shortfall`,
+JSON-able); None: not reported (``fleet.shortfall`` is null)."""
 
 
 def builtin_fleet_text() -> str:

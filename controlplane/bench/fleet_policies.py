@@ -66,7 +66,7 @@ def _kube_allocator(ctx: FleetContext) -> Any:
     victims' termination grace of the fleet (docs/baselines-k8s.md)."""
     from controlplane.sim.kube import KubeScheduler
 
-    return KubeScheduler(termination_grace_ms=None)
+    return KubeScheduler(termination_grace_ms=int(ctx.scenario.fleet.termination_grace_s * 1000))
 
 
 KUBE_ALLOCATOR: Callable[[FleetContext], Any] | None = _kube_allocator
