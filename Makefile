@@ -49,10 +49,11 @@ demo: $(STAMP)
 
 # The default suite: fast enough for CI on 2 cores. CP_SLOW=1 also runs the long tests. The Dynamo
 # baseline tests skip in .venv (Dynamo is not installed there) and run in the bench environment,
-# where CP_REQUIRE_DYNAMO=1 turns a failed import into a failure.
+# where CP_REQUIRE_DYNAMO=1 turns a failed import into a failure, with the fleet benchmark's CI slice
+# (so its Dynamo rows run in CI too).
 test: $(STAMP) $(BENCH_STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider
-	CP_REQUIRE_DYNAMO=1 $(BENCH_BIN)/python -m pytest -q -p no:cacheprovider tests/unit/test_dynamo_policy.py
+	CP_REQUIRE_DYNAMO=1 $(BENCH_BIN)/python -m pytest -q -p no:cacheprovider tests/unit/test_dynamo_policy.py tests/unit/test_bench_fleet.py
 
 test-all: $(STAMP)
 	CP_SLOW=1 $(BIN)/python -m pytest -q -p no:cacheprovider

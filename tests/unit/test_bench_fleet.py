@@ -320,7 +320,7 @@ def test_wiring_kube_and_dynamo_makes_their_rows_runnable(monkeypatch):
     """The seams the merge fills: one assignment each turns an unavailable row into a runnable one."""
     seen = {}
 
-    def dynamo(*, mode, gpu_budgets):
+    def dynamo(*, mode, gpu_budgets, scenario):
         seen["dynamo"] = (mode, gpu_budgets)
         return "dynamo-policy"
 
