@@ -395,7 +395,7 @@ def test_a_tenant_token_sees_and_changes_only_its_tenant(group: Group) -> None:
         assert res.rc == 1 and "NOT_FOUND" in res.err and "'chat-b' not found" in res.err, str(res)
     res = g.ctl("--token", token, "get", "tenant", "team-b")
     assert res.rc == 1 and "NOT_FOUND" in res.err, str(res)
-    chat_b = g.ok("get", "deployment", "chat-b", "-o", "json").json()  # admin: still there, not deleting
+    chat_b = g.ok("get", "deployment", "team-b/chat-b", "-o", "json").json()  # admin: still there, not deleting
     assert chat_b["spec"]["tenant"] == "team-b" and not chat_b.get("status", {}).get("deleting"), chat_b
 
     # No token at all: a context with the CA and endpoints only.

@@ -22,8 +22,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 PURE_STDLIB = frozenset({
     "__future__", "abc", "bisect", "collections", "collections.abc", "dataclasses", "enum", "functools",
-    "heapq", "itertools", "math", "operator", "re", "statistics", "types", "typing",
+    "hashlib", "heapq", "itertools", "math", "operator", "re", "statistics", "types", "typing",
 })
+"""``hashlib`` is pure in the sense that matters here (a deterministic function of its input, no I/O,
+no clock): ``domain/ids.py`` derives instance-id prefixes from a SHA-256 of the deployment id."""
 RANDOM_TYPING_ONLY = frozenset(
     {"controlplane/core/backoff.py", "controlplane/core/breaker.py", "controlplane/core/reconcile.py"}
 )
