@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controlplane.bench import policies as single
+from controlplane.core.reconcile import ReconcileConfig
 from controlplane.domain.ids import DeploymentId, PoolId
 from controlplane.domain.tenants import Deployment
 from controlplane.sim import baselines as b
@@ -132,13 +133,23 @@ def static_replicas(scenario: Scenario, schedules: Mapping[DeploymentId, Sequenc
 
 def pooled_oracle(scenario: Scenario, schedules: Mapping[DeploymentId, Sequence[int]]) -> dict[DeploymentId, list[int]]:
     """The clairvoyant schedules extended to the pool: every second, higher priorities first, the
-    pool caps the lower ones (:func:`cap_by_priority` per second)."""
+    pool caps the lower ones (:func:`cap_by_priority` per second). The caps look one drain grace
+    ahead (the longer of ``preemption_grace_ms`` and the simulator's scale-in grace,
+    ``ReconcileConfig.scale_in_grace_ms``): a GPU a lower priority gives up is free only once its
+    instance has drained, so a clairvoyant releases it that much before the higher priority's
+    schedule (already one cold start ahead) claims it; each deployment follows the smaller of its
+    own schedule and its share under those look-ahead wants."""
     length = max((len(v) for v in schedules.values()), default=0)
+    by_id = {d.id: d for d in scenario.deployments}
+    release_ms = max(scenario.spec.preemption_grace_ms, ReconcileConfig().scale_in_grace_ms)
+    ahead = {k: b.oracle_schedule(v, lead_ms=release_ms, lo=0, hi=max(v, default=0))
+             for k, v in schedules.items() if v and k in by_id}
     out: dict[DeploymentId, list[int]] = {k: [] for k in schedules}
     for s in range(length):
-        capped = cap_by_priority(scenario, {k: v[min(s, len(v) - 1)] for k, v in schedules.items() if v})
+        capped = cap_by_priority(scenario, {k: v[min(s, len(v) - 1)] for k, v in ahead.items()})
         for k in out:
-            out[k].append(capped[k])
+            own = schedules[k][min(s, len(schedules[k]) - 1)] if schedules[k] else 0
+            out[k].append(min(own, capped.get(k, own)))
     return out
 
 
@@ -201,7 +212,7 @@ def registry() -> dict[str, FleetPolicy]:
               _dynamo("load"), dyn_reason),
         entry("static", "clairvoyant peak per deployment, capped by the pool by priority, fixed; product allocation",
               _static, None),
-        entry("oracle", "clairvoyant schedule per deployment, capped by the pool by priority each second; "
+        entry("oracle", "clairvoyant schedule per deployment, capped by the pool by priority each second, one drain grace ahead; "
               "product allocation", _oracle, None),
     ]
     return {r.name: r for r in rows}

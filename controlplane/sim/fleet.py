@@ -61,12 +61,14 @@ def hold_lead_ms(profile: ModelProfile, tick_ms: int) -> int:
     return int(profile.cold_start_ms * 1.1) + 2 * tick_ms + 1000
 
 
-def demand_gpus(scenario: Scenario, workloads: Mapping[DeploymentId, Sequence[Request]], *,
-                hold: bool = True) -> dict[str, list[int]]:
-    """Per pool, the GPUs its deployments need in each second of the run (see the module doc)."""
+def tenant_demand_gpus(scenario: Scenario, workloads: Mapping[DeploymentId, Sequence[Request]], *,
+                       hold: bool = True) -> dict[str, dict[str, list[int]]]:
+    """Per pool and tenant (both sorted), the GPUs the tenant's deployments in that pool need in each
+    second of the run (see the module doc). A reference fleet's top tenant must fit its pool on its
+    own (docs/simulator.md, "The two reference fleets")."""
     seconds = run_seconds(scenario, workloads)
     slo_of = {t.id: t.slo.ttft_p99_ms for t in scenario.tenants}
-    out: dict[str, list[int]] = {}
+    out: dict[str, dict[str, list[int]]] = {}
     for d in scenario.deployments:
         profile = PROFILES[d.model]
         need = required_replicas(workloads.get(d.id, ()), profile, slo_ms=slo_of[d.tenant], duration_s=seconds)
@@ -75,10 +77,17 @@ def demand_gpus(scenario: Scenario, workloads: Mapping[DeploymentId, Sequence[Re
                                        lo=d.min_replicas, hi=d.max_replicas)
         else:
             replicas = [min(d.max_replicas, max(d.min_replicas, math.ceil(x - 1e-9))) for x in need]
-        total = out.setdefault(str(d.pool), [0] * len(need))
+        total = out.setdefault(str(d.pool), {}).setdefault(str(d.tenant), [0] * len(need))
         for s, n in enumerate(replicas):
             total[s] += n * d.gpus_per_instance
-    return out
+    return {pool: dict(sorted(by.items())) for pool, by in sorted(out.items())}
+
+
+def demand_gpus(scenario: Scenario, workloads: Mapping[DeploymentId, Sequence[Request]], *,
+                hold: bool = True) -> dict[str, list[int]]:
+    """Per pool, the GPUs its deployments need in each second of the run (see the module doc)."""
+    return {pool: [sum(col) for col in zip(*by.values(), strict=True)]
+            for pool, by in tenant_demand_gpus(scenario, workloads, hold=hold).items()}
 
 
 def fleet_shortfall(scenario: Scenario, workloads: Mapping[DeploymentId, Sequence[Request]], *,

@@ -10,7 +10,8 @@ import pytest
 
 from controlplane.domain.profiles import PROFILES
 from controlplane.sim import rates
-from controlplane.sim.fleet import fleet_shortfall
+from controlplane.domain.ids import PoolId
+from controlplane.sim.fleet import fleet_shortfall, tenant_demand_gpus
 from controlplane.sim.runner import builtin_scenario, load_scenario, workloads_of
 from controlplane.sim.scenario import Scenario, ScenarioError, scenario_from_data, shared_traces_dir
 from controlplane.sim.workload import TraceError, read_azure_trace
@@ -60,6 +61,37 @@ def test_reference_fleets_are_30_to_50_percent_short_at_their_bursts(which: str)
     # The bare per-second lower bound is smaller than what must be held over the cold starts.
     bare = fleet_shortfall(sc, workloads_of(sc, sc.spec.seed), hold=False)
     assert all(bare[p].peak_demand_gpus <= short[p].peak_demand_gpus for p in short)
+
+
+@pytest.mark.parametrize("which", ["builtin", "docs"])
+def test_reference_fleets_are_short_only_in_sum_never_for_their_top_tenant(which: str) -> None:
+    """The shortfall comes from the sum over tenants: per pool, the highest-priority tenant's own held
+    peak fits its ceiling and what the others can never lose (their guaranteed minimums, and their
+    quotas where the top tenant borrows: preemption.py lets a borrower take only borrowed GPUs), and
+    no tenant's own peak exceeds the pool. Otherwise no policy could serve it, and the fleet would
+    measure an impossible tenant instead of preemption."""
+    sc = builtin_scenario("fleet") if which == "builtin" else docs_fleet()
+    wl = workloads_of(sc, sc.spec.seed)
+    short = fleet_shortfall(sc, wl)
+    tenants = {str(t.id): t for t in sc.tenants}
+    for pool, by_tenant in tenant_demand_gpus(sc, wl).items():
+        size = short[pool].pool_gpus
+        peak = {t: max(series) for t, series in by_tenant.items()}
+        for t, p in peak.items():
+            assert p <= size, f"{which} {pool}: {t} alone needs {p} GPUs at its peak, the pool has {size}"
+        top = max(by_tenant, key=lambda t: (tenants[t].priority, t))
+        others = [t for t in by_tenant if t != top]
+        assert all(tenants[o].priority < tenants[top].priority for o in others), (pool, top, others)
+        minimums = {o: sum(d.min_replicas * d.gpus_per_instance for d in sc.deployments
+                           if str(d.tenant) == o and str(d.pool) == pool) for o in others}
+        kept = sum(minimums.values())
+        if peak[top] > tenants[top].quota_in(PoolId(pool)):  # borrowing: the others keep their quotas
+            kept = sum(max(minimums[o], tenants[o].quota_in(PoolId(pool))) for o in others)
+        assert peak[top] <= tenants[top].ceiling_in(PoolId(pool)), (which, pool, top, peak[top])
+        assert peak[top] <= size - kept, (which, pool, top, peak[top], size, kept)
+        # ... and the pool is still 30-50 % short of the sum at its peak (preemption has to act).
+        assert sum(peak.values()) >= short[pool].peak_demand_gpus > size
+        assert 0.30 <= short[pool].short_fraction <= 0.50, short[pool]
 
 
 def test_shortfall_is_zero_for_an_ample_pool() -> None:
