@@ -19,6 +19,10 @@ instances allowed from the capacity left over after every serving grant:
 4. idle Ready instances beyond ``grant`` are put to sleep while the warm pool has room;
 5. Standby instances beyond ``warm`` are drained.
 
+A create left unplaced because the pool's free GPUs are split over clusters makes room on one
+cluster by the allocation's own preemption rules (:mod:`controlplane.core.room`, after every
+deployment is converged; only on such a tick).
+
 **Cordon and drain.** A cluster that is cordoned or draining, or whose zone record is, gets no new
 instances (:func:`placement.schedulable`); its existing instances keep serving and the allocation
 counts only the GPUs they hold there (``_healthy_capacity``). A cluster that is *draining* (itself
@@ -50,7 +54,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from controlplane.core import breaker as br
-from controlplane.core import placement, preemption, scaling
+from controlplane.core import placement, preemption, room, scaling
 from controlplane.core.allocator import AllocationRequest, Allocator, bound_placer
 from controlplane.core.signals import FilteredSignals
 from controlplane.domain import commands as c
@@ -394,6 +398,8 @@ class _Tick:
     """Scale memories the decisions changed: committed as one ``PutScaleMemories``."""
     place: Callable[..., placement.Placement] = placement.place
     """Chooses the clusters of new instances (an allocator's bindings when one is configured)."""
+    unplaced: list[tuple[Deployment, int, tuple[ClusterId, ...]]] = field(default_factory=list)
+    """Creates left unplaced: (deployment, count, clusters it may be placed on)."""
 
 
 def plan(
@@ -454,7 +460,55 @@ def plan(
         if d.deleting and next(state.instances_of(did), None) is None:
             tick.commands.append(c.RemoveDeployment(did))  # the finalizer: nothing of it is left
         grants.append((did, grant, w))
-    return _finish(tick, decisions, grants, allocation.preemptions)
+    pairs = allocation.preemptions
+    if tick.unplaced:  # only when free GPUs did not hold a granted create (never on a steady tick)
+        pairs = _make_room(tick, grants, decisions, loads, pairs)
+    return _finish(tick, decisions, grants, pairs)
+
+
+def _make_room(
+    tick: _Tick,
+    grants: Sequence[tuple[DeploymentId, int, int]],
+    decisions: Mapping[DeploymentId, scaling.ScaleDecision],
+    loads: Mapping[InstanceId, float],
+    pairs: tuple[tuple[DeploymentId, DeploymentId, int], ...],
+) -> tuple[tuple[DeploymentId, DeploymentId, int], ...]:
+    """Free one cluster per unplaced granted create by the preemption rules (:mod:`room`)."""
+    state = tick.state
+    deps = state.deployments
+    moved = {x.instance_id for x in tick.commands if isinstance(x, c.TransitionInstance)}
+    leaving = {x.instance_id for x in tick.commands if isinstance(x, c.TransitionInstance) and x.event in (E.DRAIN, E.CANCEL)}
+    # A create of this tick may be withdrawn for the room, except a half-open breaker's probe (its
+    # breaker already counts it in flight).
+    planned = [
+        room.Planned(x.instance_id, x.deployment_id, x.cluster_id) for x in tick.commands
+        if isinstance(x, c.CreateInstance) and (not tick.breakers.tripped or all(
+            tick.breakers.get(k).phase is BreakerPhase.CLOSED
+            for k in (cluster_key(x.cluster_id), deployment_key(x.cluster_id, x.deployment_id))
+        ))
+    ]
+    guaranteed = {did: min(deps[did].min_replicas, dec.target) for did, dec in sorted(decisions.items())}
+    out = room.make_room(
+        state, [(d, n) for d, n, _ in tick.unplaced], {did: g for did, g, _ in grants}, guaranteed, tick.free,
+        planned, {d.id: allowed for d, _, allowed in tick.unplaced}, moved, leaving, loads,
+    )
+    tick.notes += out.notes
+    if out.withdrawn:
+        gone = set(out.withdrawn)
+        tick.commands = [x for x in tick.commands if not (isinstance(x, c.CreateInstance) and x.instance_id in gone)]
+    deadline = tick.now_ms + tick.cfg.preemption_grace_ms
+    for iid, _did in out.drains:
+        tick.commands.append(c.TransitionInstance(iid, E.DRAIN, tick.now_ms, drain_deadline_ms=deadline, preempted=True))
+    first = tick.cfg.max_creates_per_tick - tick.creates_left
+    for k, (did, cid) in enumerate(out.creates, start=first):
+        tick.commands.append(c.CreateInstance(InstanceId(f"{instance_prefix(did)}-{tick.now_ms}-{k}"), did, cid, tick.now_ms))
+    tick.creates_left -= len(out.creates)
+    if not out.preemptions:
+        return pairs
+    merged: dict[tuple[DeploymentId, DeploymentId], int] = {(b, v): n for b, v, n in pairs}
+    for b, v, n in out.preemptions:
+        merged[(b, v)] = merged.get((b, v), 0) + n
+    return tuple((b, v, n) for (b, v), n in sorted(merged.items()))
 
 
 def _finish(
@@ -822,6 +876,10 @@ def _create(tick: _Tick, d: Deployment, count: int, existing: Sequence[Instance]
     chosen += placed.clusters
     if placed.unplaced:
         tick.notes.append(f"{d.id}: {placed.unplaced} of {count} new instances not placed: {placed.reason}")
+        if tick.place is placement.place:  # (an external allocator's bindings are its own affair)
+            zones = tick.state.zones
+            allowed = tuple(cl.id for cl in clusters if cl.id not in blocked and placement.schedulable(cl, zones))
+            tick.unplaced.append((d, placed.unplaced, allowed))
     first = tick.cfg.max_creates_per_tick - tick.creates_left
     for k, cid in enumerate(chosen, start=first):
         # Unique: one tick per now_ms, and k counts every creation of the tick.

@@ -76,11 +76,6 @@ def test_same_seed_gives_byte_identical_results_whatever_the_jobs(slice_runs):
     assert timings["jobs"] == 2 and "load_average" in timings  # machine-dependent values live here only
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "product defect found with the resized fleet (issue 15): allocation is per pool, placement per "
-    "cluster. On the 180 s slice the H100 pool has 4 free GPUs split 2 + 2 over gpu-a1 and gpu-b1, "
-    "so assistant's code-70b replica (4 GPUs, within its quota) is granted from 'free' capacity, "
-    "never placed, and no preemption is tried: assistant is starved below its quota for 59.5 s"))
 def test_slice_controlplane_starves_no_tenant_below_its_quota(slice_runs):
     results = json.loads((slice_runs[0] / "results.json").read_text(encoding="utf-8"))
     ours = next(e for e in results["policies"] if e["policy"] == "controlplane")
