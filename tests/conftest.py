@@ -1,4 +1,6 @@
 import os
+
+import controlplane  # noqa: F401  (first: keeps gRPC fork support off, see controlplane/__init__.py)
 from pathlib import Path
 
 import pytest
