@@ -119,9 +119,8 @@ def run_policy(name: str, fleet_path: str | None, seed: int, limit_s: float | No
     try:
         result = sim.run()
     finally:
-        close = getattr(setup.policy, "close", None)
-        if close is not None:
-            close()  # Dynamo's planners own asyncio event loops
+        if setup.policy is not None:
+            setup.policy.close()  # Dynamo's planners own asyncio event loops
     return {"name": name, "summary": result.summary, "fleet": observer.finish(sim.end_ms),
             "timeline": {"t_s": observer.timeline_t_s, "gpus_by_tenant": observer.gpus_by_tenant},
             "wall_s": time.perf_counter() - started}

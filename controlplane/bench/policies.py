@@ -154,7 +154,8 @@ def run_policy(name: str, scenario: Scenario, seed: int, progress: Callable[[int
         sim = Simulation(scenario, workloads, seed=seed, progress=progress, policy=policy)
         result = sim.run()
     finally:
-        getattr(policy, "close", lambda: None)()
+        if policy is not None:
+            policy.close()
     # The collector keeps every TTFT for its percentiles; the distribution plot needs them all.
     ttfts = sorted(t for counts in sim.collector._counts.values() for t in counts.ttfts)
     return Run(name, result, ttfts, time.perf_counter() - started)

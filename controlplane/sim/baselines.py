@@ -66,6 +66,8 @@ class PolicyView:
 
 class ReplicaPolicy(Protocol):
     name: str
+    wants_traffic: bool
+    """True: the simulator fills :attr:`PolicyView.traffic` for it (built only then)."""
 
     def initial_replicas(self, d: Deployment) -> int:
         """Instances already serving when the simulation starts."""
@@ -74,6 +76,19 @@ class ReplicaPolicy(Protocol):
     def target(self, d: Deployment, view: PolicyView, now_ms: int) -> int:
         """The replica target at ``now_ms`` (clamped to the deployment's bounds by the caller)."""
         ...
+
+    def close(self) -> None:
+        """Release what the policy holds (Dynamo's planners own event loops); called after a run."""
+        ...
+
+
+class StatelessPolicy:
+    """What every port here shares: no traffic window, nothing to release."""
+
+    wants_traffic = False
+
+    def close(self) -> None:
+        return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -159,7 +174,7 @@ class HpaMemory:
     desired: int | None = None
 
 
-class HpaAutoscaler:
+class HpaAutoscaler(StatelessPolicy):
     name = "hpa"
 
     def __init__(self, config: HpaConfig | None = None, *, targets: Mapping[DeploymentId, float] | None = None,
@@ -293,7 +308,7 @@ class KpaMemory:
     desired: int | None = None
 
 
-class KpaAutoscaler:
+class KpaAutoscaler(StatelessPolicy):
     name = "kpa"
 
     def __init__(self, config: KpaConfig | None = None, *, seed: int = 0, targets: Mapping[DeploymentId, float] | None = None,
@@ -394,7 +409,7 @@ class KpaAutoscaler:
 # static peak and the clairvoyant bound
 
 
-class StaticPolicy:
+class StaticPolicy(StatelessPolicy):
     name = "static"
 
     def __init__(self, replicas: Mapping[DeploymentId, int]) -> None:
@@ -479,7 +494,7 @@ def oracle_schedule(required: Sequence[float], *, lead_ms: int, lo: int, hi: int
     return out
 
 
-class OraclePolicy:
+class OraclePolicy(StatelessPolicy):
     name = "oracle"
 
     def __init__(self, schedules: Mapping[DeploymentId, Sequence[int]]) -> None:

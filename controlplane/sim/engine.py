@@ -122,7 +122,7 @@ class Simulation:
         profiles = {d.id: PROFILES[d.model] for d in scenario.deployments}
         self.collector = Collector(scenario, self.tick_ms)
         # Traffic windows only for a policy that reads them (Dynamo's planner); they only observe.
-        self._traffic = TrafficMeter(d.id for d in scenario.deployments) if getattr(policy, "wants_traffic", False) else None
+        self._traffic = TrafficMeter(d.id for d in scenario.deployments) if policy is not None and policy.wants_traffic else None
         self.fleet = SimFleet(
             profiles, self._schedule, random.Random(f"{seed}:fleet"), self._failure_probability,
             self.collector.request_done if self._traffic is None else self._request_done,

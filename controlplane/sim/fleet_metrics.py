@@ -197,7 +197,6 @@ class FleetObserver:
         self._stretch = {k: _Stretch() for k in self._tenant_pools}
         self._ready_at: dict[str, int] = {}
         self._cold_ids: set[str] = set()
-        self._victims: list[tuple[DeploymentId, PoolId, TenantId]] = []
         self._pairs: list[tuple[int, TenantId, TenantId]] = []
         self._last_pair_ms: dict[tuple[TenantId, TenantId], int] = {}
         self._loops: list[tuple[int, TenantId, TenantId]] = []
@@ -236,14 +235,12 @@ class FleetObserver:
                     dep.fills += 1
             elif to is S.DRAINING and inst.preempted:
                 self._preempted[inst.deployment] += 1
-                self._victims.append((inst.deployment, inst.pool, inst.tenant))
             if to is not S.READY and frm in _SERVING:
                 self._ready_at.pop(iid, None)
                 self._cold_ids.discard(iid)
 
     def tick(self, now_ms: int, report, state: ControlState) -> None:
-        plan = getattr(report, "plan", None)
-        prev_grant = {k: d.grant for k, d in self._dep.items()}
+        plan = report.plan
         if plan is not None:
             for did, dec in plan.decisions:
                 if did in self._dep:
@@ -273,7 +270,7 @@ class FleetObserver:
                 if st in _SERVING:
                     serving[inst.deployment] += 1
         self._check_pool(now_ms, used)
-        beneficiaries = self._record_pairs(now_ms, plan, prev_grant)
+        beneficiaries = self._record_pairs(now_ms, plan)
         self._claims(now_ms, held, used, live, serving, beneficiaries)
         self._bursts(now_ms, serving)
         self._quota(now_ms, held, live)
@@ -296,21 +293,13 @@ class FleetObserver:
                     self._first_violation = {"t_s": now_ms / 1000, "cluster": key[0], "pool": key[1], "gpus": n,
                                              "capacity": cap}
 
-    def _record_pairs(self, now_ms: int, plan,
-                      prev_grant: Mapping[DeploymentId, int]) -> set[tuple[DeploymentId, TenantId]]:
-        """This tick's (beneficiary deployment, victim tenant) pairs; loops are counted on tenants."""
-        victims, self._victims = self._victims, []
-        explicit = getattr(plan, "preemptions", None) if plan is not None else None
+    def _record_pairs(self, now_ms: int, plan) -> set[tuple[DeploymentId, TenantId]]:
+        """This tick's (beneficiary deployment, victim tenant) pairs, from ``Plan.preemptions`` (both
+        allocators fill it); loops are counted on tenants."""
         pairs: set[tuple[DeploymentId, TenantId]] = set()
-        if explicit is not None:
-            for ben, victim, _n in explicit:
-                if ben in self._deps and victim in self._deps:
-                    pairs.add((ben, self._deps[victim].tenant))
-        else:
-            for vdep, pool, vten in victims:
-                for k, d in self._deps.items():
-                    if d.pool == pool and d.tenant != vten and self._dep[k].grant > prev_grant[k]:
-                        pairs.add((k, vten))
+        for ben, victim, _n in plan.preemptions if plan is not None else ():
+            if ben in self._deps and victim in self._deps:
+                pairs.add((ben, self._deps[victim].tenant))
         for ben_tenant, vten in sorted({(self._deps[k].tenant, v) for k, v in pairs}):
             back = self._last_pair_ms.get((vten, ben_tenant))
             if back is not None and now_ms - back <= LOOP_WINDOW_MS:

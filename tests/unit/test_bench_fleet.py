@@ -224,7 +224,7 @@ def _inst(i, dep, tenant, gpus, state, cluster="c1"):
                            gpus=gpus, state=state, preempted=False)
 
 
-def _tick(obs, now, insts, targets, preemptions=None):
+def _tick(obs, now, insts, targets, preemptions=()):
     plan = SimpleNamespace(decisions=[(DeploymentId(k), SimpleNamespace(target=v)) for k, v in targets.items()],
                            grants=[(DeploymentId(k), v, 0) for k, v in targets.items()], preemptions=preemptions)
     obs.tick(now, SimpleNamespace(plan=plan), SimpleNamespace(instances={x.id: x for x in insts}))
