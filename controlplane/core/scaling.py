@@ -88,8 +88,9 @@ that cannot sleep (DeepSpeed-MII). Instances beyond the serving target that the 
 need are so put to sleep instead of terminated (``reconcile``), and capacity the restart horizon may
 need is started one restart ahead.
 
-``ScaleDecision.demand`` is what the replicated demand history records for this tick: the largest
-non-feedback demand (concurrency, KV, tokens; stable or panic window), not TTFT.
+``ScaleDecision.demand`` is what the replicated demand history records for this tick: the stable
+``tokens`` demand (the work rate), or the concurrency where the engine reports no token rates; never
+TTFT or the queue (both are feedback, see :func:`_load_demand`).
 
 Compared with the baselines (``BENCHMARKS.md`` B): the HPA needs 15 s for a first decision and
 doubles at most per 15 s; Knative's panic reacts to a 6 s average every 2 s. Here a burst moves the
@@ -154,7 +155,7 @@ class ScaleDecision:
     panic: bool = False
     """True while the deployment is in panic mode (this decision included)."""
     demand: float | None = None
-    """The largest non-feedback demand of this tick, in replicas (what the demand history records);
+    """The load of this tick in replicas, what the demand history records (:func:`_load_demand`);
     None without signal samples."""
     forecast: Forecast | None = None
     """The forecast the decision read (usable or not), for ``explain``."""
@@ -385,6 +386,16 @@ def _clamp(deployment: Deployment, stage: _Stage) -> _Stage:
     return stage
 
 
+def _load_demand(proposals: Mapping[str, float]) -> float:
+    """What the demand history records: the work rate (``tokens``) when the engine reports it, else
+    the concurrency. Not the queue: requests waiting because capacity was short are a consequence of
+    the provisioning, and a forecast learned from them would provision for its own backlog (a
+    positive feedback loop: on the Azure code trace with a 60 s window, recording the concurrency
+    held 37 GPU-hours where recording the work rate held 21)."""
+    tokens = proposals.get("tokens")
+    return tokens if tokens is not None else proposals.get("concurrency", 0.0)
+
+
 FORECAST_MIN_WINDOW_MS = 60_000
 """Shortest stabilization window with a usable forecast (module doc, stage 6)."""
 
@@ -471,7 +482,7 @@ def decide(
     if usable is not None:
         stage = _ahead(deployment, slo, stage, usable)
     target = stage.target
-    recorded = max((v for k, v in proposals.items() if k != "ttft_p99_ms"), default=0.0)
+    recorded = _load_demand(proposals)
     next_memory = ScaleMemory(
         recs=recs,
         panic_until_ms=panic.until_ms,

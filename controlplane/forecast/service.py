@@ -18,6 +18,7 @@ change; none of them raises into the tick.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -34,6 +35,8 @@ from controlplane.forecast.model import buckets_for, peaks
 
 log = structlog.get_logger("controlplane.forecast")
 
+MAX_SCORES = 1_000_000
+"""Most scores kept for :meth:`HistoryForecaster.summary`."""
 MAPE_ALPHA = 1.0 / 60
 """Weight of each new scored bucket in the running MAPE (an exponential mean over ~10 minutes)."""
 
@@ -83,6 +86,10 @@ class HistoryForecaster:
         """Per deployment, forecasts not yet scored: (history end they were made at, expected)."""
         self._mape: dict[DeploymentId, tuple[float, int]] = {}
         self._noted: str = ""
+        self.fallbacks: Counter[str] = Counter()
+        """Unusable forecasts by reason (``history``, ``stale``, ``nan``, ``error``), this process."""
+        self.scores: list[float] = []
+        """Every scored absolute percentage error, in order (bounded: the newest ``MAX_SCORES``)."""
 
     def forecasts(self, state: ControlState, now_ms: int) -> Mapping[DeploymentId, Forecast]:
         bucket = now_ms // BUCKET_MS
@@ -93,8 +100,7 @@ class HistoryForecaster:
             except Exception as exc:  # a library error must never block a tick: reactive instead
                 self._note(f"forecast failed: {type(exc).__name__}: {exc}")
                 self._last = {}
-                if self._on_fallback is not None:
-                    self._on_fallback("error")
+                self._fell_back("error")
         return self._last
 
     def mape(self, deployment_id: DeploymentId) -> float | None:
@@ -147,7 +153,19 @@ class HistoryForecaster:
             self._mape.pop(did, None)
         return out
 
+    def summary(self) -> dict[str, object]:
+        """What the simulator's JSON reports: MAPE over every scored forecast and per deployment,
+        and the fallbacks by reason."""
+        scores = self.scores
+        return {
+            "mape": round(sum(scores) / len(scores), 4) if scores else None,
+            "scored": len(scores),
+            "fallbacks": dict(sorted(self.fallbacks.items())),
+            "deployments": {did: {"mape": round(m, 4), "scored": n} for did, (m, n) in sorted(self._mape.items())},
+        }
+
     def _fell_back(self, reason: str) -> None:
+        self.fallbacks[reason] += 1
         if self._on_fallback is not None:
             self._on_fallback(reason)
 
@@ -172,6 +190,8 @@ class HistoryForecaster:
                     ape = abs(expected - actual) / actual
                     old = self._mape.get(did)
                     self._mape[did] = (ape, 1) if old is None else (old[0] + MAPE_ALPHA * (ape - old[0]), old[1] + 1)
+                    if len(self.scores) < MAX_SCORES:
+                        self.scores.append(ape)
                     if self._on_score is not None:
                         self._on_score(ape)
             self._pending[did] = keep

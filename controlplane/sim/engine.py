@@ -284,7 +284,10 @@ class Simulation:
                 if self._traffic is not None:
                     self._traffic.arrival(payload)
             handlers[kind](payload, now)
-        return self.collector.finish(self.end_ms, self.fleet, self.state, self.loop, self.seed, processed)
+        result = self.collector.finish(self.end_ms, self.fleet, self.state, self.loop, self.seed, processed)
+        if isinstance(self.forecaster, HistoryForecaster):
+            result.summary["forecast"] = self.forecaster.summary()
+        return result
 
     def _tick(self, now_ms: int) -> None:
         for d in self.scenario.deployments:

@@ -93,5 +93,14 @@ def test_demand_recorded_is_the_load_not_the_ttft_feedback() -> None:
     sig = signals(1_000, 48.0, serving=2, ttft=9_000.0)
     dec = decide(d, PROFILES[d.model], SLO, sig, EMPTY_MEMORY, 2, 1_000)
     assert dec.proposals["ttft_p99_ms"] > dec.proposals["concurrency"]
-    assert dec.demand == 48.0 / d.policy.target_concurrency
+    assert dec.demand == 48.0 / d.policy.target_concurrency  # no token rates: the concurrency
     assert decide(d, PROFILES[d.model], SLO, None, EMPTY_MEMORY, 2, 1_000).demand is None
+
+
+def test_demand_recorded_is_the_work_rate_when_the_engine_reports_tokens() -> None:
+    """A queue (running + waiting far above what the token work needs) is not recorded as load."""
+    d = dep()
+    sig = signals(1_000, 24.0 * 20, serving=2, ptps=PROFILES[d.model].prefill_tokens_per_s, gtps=0.0)
+    dec = decide(d, PROFILES[d.model], SLO, sig, EMPTY_MEMORY, 2, 1_000)
+    assert dec.proposals["concurrency"] == 20
+    assert dec.demand == 1.0 / d.policy.target_token_utilization
