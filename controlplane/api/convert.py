@@ -24,7 +24,7 @@ from pydantic import BaseModel
 
 from controlplane.api.limits import clip_path
 from controlplane.api.v1 import api_pb2
-from controlplane.core.scaling import wake_fits
+from controlplane.core.scaling import ScaleReason, wake_fits
 from controlplane.domain.demand import BUCKET_MS, Forecast
 from controlplane.domain.errors import ValidationError
 from controlplane.domain.ids import id_problem, local_name
@@ -354,7 +354,8 @@ def forecast_to_proto(f: Forecast, fits: bool) -> api_pb2.Forecast:
 def live_to_proto(live: Any, d: Deployment, slo: Slo) -> api_pb2.LiveDecision:
     """A ``LiveDecision`` of deployment ``d`` (its tenant's SLO ``slo``) as a message. ``live`` comes
     from the lease holder's loop through a Protocol (``ApiCore.holder``): a field it lacks is left
-    unset. ``target_before_forecast`` is set only when the forecast raised the target."""
+    unset. ``target_before_forecast`` is set only when the forecast raised the target (reason
+    ``forecast``; equal to ``target`` when the tenant's quota held the whole raise)."""
     out = api_pb2.LiveDecision(
         at_ms=int(getattr(live, "at_ms", 0)), current=int(getattr(live, "current", 0)),
         target=int(getattr(live, "target", 0)), granted=int(getattr(live, "granted", 0)),
@@ -365,7 +366,7 @@ def live_to_proto(live: Any, d: Deployment, slo: Slo) -> api_pb2.LiveDecision:
         warm_pool=int(getattr(live, "warm_pool", 0)),
     )
     reactive = getattr(live, "reactive", None)
-    if reactive is not None and int(reactive) != out.target:
+    if reactive is not None and out.reason == ScaleReason.FORECAST.value:
         out.target_before_forecast = int(reactive)
     forecast = getattr(live, "forecast", None)
     if forecast is not None:

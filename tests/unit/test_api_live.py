@@ -77,9 +77,11 @@ def test_the_target_before_the_forecast_is_set_only_when_the_forecast_raised_it(
     raised = cv.live_to_proto(_WithReactive(target=4, reactive=1, forecast=fc()), dep(), SLO)
     assert raised.HasField("target_before_forecast") and (raised.target_before_forecast, raised.target) == (1, 4)
     held = cv.live_to_proto(_WithReactive(target=1, reactive=1, forecast=fc()), dep(), SLO)  # quota held the raise
+    assert held.HasField("target_before_forecast") and held.target_before_forecast == held.target == 1
+    reactive = cv.live_to_proto(_WithReactive(target=3, reactive=3, reason="scale_up", forecast=fc()), dep(), SLO)
     none = cv.live_to_proto(_WithReactive(target=3, reactive=None, reason="scale_up"), dep(), SLO)
     plain = cv.live_to_proto(live(fc()), dep(), SLO)  # a holder whose live decision has no ``reactive``
-    assert not any(m.HasField("target_before_forecast") for m in (held, none, plain))
+    assert not any(m.HasField("target_before_forecast") for m in (reactive, none, plain))
 
 
 def test_a_real_forecast_decision_converts_with_its_numbers() -> None:

@@ -99,6 +99,12 @@ def test_a_wake_that_does_not_fit_keeps_everything_serving(ctl, group) -> None:
     assert not any("MAPE" in line for line in lines)  # none scored yet
 
 
+def test_a_raise_the_quota_held_starts_nothing_ahead(ctl, group) -> None:
+    group.store.live = live(forecast(), target=2, target_before_forecast=2, warm_pool=0)
+    lines = block(ctl("explain", "chat")[1])
+    assert "  ahead:          none started: the tenant's quota held the forecast's raise (target stays 2)" in lines
+
+
 def test_an_engine_that_cannot_sleep_has_no_wake_horizon(ctl, group) -> None:
     group.store.live = live(forecast(wake_ms=0, wake_fits=False), warm_pool=0)
     lines = block(ctl("explain", "chat")[1])

@@ -242,9 +242,11 @@ def forecast_lines(lv: api_pb2.LiveDecision) -> list[tuple[str, str]]:
         out.append(("warm path", sleep))
     if lv.reason == "forecast":
         asks = lv.target_before_forecast if lv.HasField("target_before_forecast") else None
-        raise_ = f"target {asks} -> {lv.target}" if asks is not None else f"target {lv.target}"
-        load = f" (the load asks for {asks})" if asks is not None else ""
         standby = (f"; the warm pool holds {lv.warm_pool} Standby for the {restart}" if f.wake_fits
                    else "; no Standby: everything the forecast needs serves")
-        out.append(("ahead", f"capacity started ahead of demand: {raise_}{load}{standby}"))
+        if asks is not None and asks >= lv.target:
+            out.append(("ahead", f"none started: the tenant's quota held the forecast's raise (target stays {lv.target})"))
+        else:
+            raise_ = f"target {asks} -> {lv.target} (the load asks for {asks})" if asks is not None else f"target {lv.target}"
+            out.append(("ahead", f"capacity started ahead of demand: {raise_}{standby}"))
     return out
