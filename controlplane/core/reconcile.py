@@ -198,6 +198,8 @@ class LiveDecision:
     """Warm-pool instances granted."""
     forecast: Forecast | None = None
     """The demand forecast the decision read (None: none computed; ``usable`` False: not used)."""
+    reactive: int | None = None
+    """The target before the forecast raised it (``ScaleDecision.reactive``)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -978,6 +980,6 @@ def live_decisions(
         out[did] = LiveDecision(
             at_ms=now_ms, current=current_replicas(state, d), target=dec.target, granted=granted,
             reason=dec.reason.value, message=dec.message, proposals=dict(dec.proposals), panic=dec.panic,
-            signals=signal_values(signals.get(did)), warm_pool=warm, forecast=dec.forecast,
+            signals=signal_values(signals.get(did)), warm_pool=warm, forecast=dec.forecast, reactive=dec.reactive,
         )
     return out
