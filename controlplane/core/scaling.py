@@ -420,10 +420,15 @@ def _warm_pool(deployment: Deployment, slo: Slo, target: int, forecast: Forecast
     return max(0, min(want, deployment.max_replicas - target))
 
 
-def _ahead(deployment: Deployment, slo: Slo, stage: _Stage, forecast: Forecast) -> _Stage:
+def _ahead(deployment: Deployment, slo: Slo, stage: _Stage, forecast: Forecast, current: int) -> _Stage:
     fits = wake_fits(deployment, slo, forecast)
     need = forecast.ready if fits else forecast.total
     want = min(_ceil(need), deployment.max_replicas)
+    tol = deployment.policy.tolerance
+    if current > 0 and current * (1.0 - tol) <= need <= current * (1.0 + tol):
+        # The tolerance band, as for the load: a forecast within it of the current count holds it
+        # (a quantile drifting across an integer would otherwise flip it every bucket).
+        want = min(current, deployment.max_replicas)
     if want <= stage.target:
         return stage
     if fits:
@@ -480,7 +485,7 @@ def decide(
     stage = _clamp(deployment, stage)
     reactive = stage.target
     if usable is not None:
-        stage = _ahead(deployment, slo, stage, usable)
+        stage = _ahead(deployment, slo, stage, usable, current)
     target = stage.target
     recorded = _load_demand(proposals)
     next_memory = ScaleMemory(

@@ -104,3 +104,15 @@ def test_demand_recorded_is_the_work_rate_when_the_engine_reports_tokens() -> No
     dec = decide(d, PROFILES[d.model], SLO, sig, EMPTY_MEMORY, 2, 1_000)
     assert dec.proposals["concurrency"] == 20
     assert dec.demand == 1.0 / d.policy.target_token_utilization
+
+
+def test_a_forecast_within_the_tolerance_band_of_the_current_count_holds_it() -> None:
+    """A quantile drifting across an integer (2.0 -> 2.02 -> 1.98) flips nothing."""
+    d = dep("llama3-70b-h100x4")
+    prof = PROFILES[d.model]
+    for need in (1.85, 2.0, 2.02, 2.15):
+        f = forecast(need, need, wake_ms=4_000, restart_ms=90_000)
+        dec = decide(d, prof, SLO, signals(1_000, 24.0 * 1.6, serving=2), EMPTY_MEMORY, 2, 1_000, f)
+        assert dec.target == 2, need
+    f = forecast(2.3, 2.3, wake_ms=4_000, restart_ms=90_000)  # beyond the band: raised
+    assert decide(d, prof, SLO, signals(1_000, 24.0 * 1.6, serving=2), EMPTY_MEMORY, 2, 1_000, f).target == 3
