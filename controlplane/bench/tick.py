@@ -124,14 +124,23 @@ def build_state(n: int, now_ms: int) -> Any:
     return state
 
 
-def add_history(state: Any, now_ms: int, rng: random.Random) -> None:
-    """An hour of demand history per deployment, about its 10 replicas with noise (a steady fleet)."""
-    from controlplane.domain.demand import BUCKET_MS, HISTORY_BUCKETS, DemandHistory
+def add_history(h: TickHarness, rng: random.Random) -> None:
+    """An hour of the demand history this steady load records: one untimed decision per deployment
+    on a fresh sample gives the load its decision records (``ScaleDecision.demand``); each bucket is
+    that with the samples' noise (0.90..1.05)."""
+    from controlplane.core import reconcile
+    from controlplane.domain.demand import BUCKET_MS, HISTORY_BUCKETS, DemandHistory, to_deci
 
-    end = (now_ms // BUCKET_MS) * BUCKET_MS
-    for did in state.deployments:
-        data = b"".join(int(rng.uniform(80, 105)).to_bytes(2, "little") for _ in range(HISTORY_BUCKETS))
+    state = h.state
+    obs = samples_at(state, h.now_ms, rng)
+    filtered, loads = h.loop._filter(state, obs, h.now_ms)
+    plan = reconcile.plan(state, filtered, loads, h.now_ms, h.cfg)  # nothing applied: the state is unchanged
+    end = (h.now_ms // BUCKET_MS) * BUCKET_MS
+    for did, dec in plan.decisions:
+        level = dec.demand or 0.0
+        data = b"".join(to_deci(level * rng.uniform(0.90, 1.05)).to_bytes(2, "little") for _ in range(HISTORY_BUCKETS))
         state.demand[did] = DemandHistory(end, data)
+    h.loop._filters.clear()  # the timed ticks start from empty filters, as without the forecaster
 
 
 def samples_at(state: Any, now_ms: int, rng: random.Random) -> Any:
@@ -161,13 +170,13 @@ class TickHarness:
         self.n = n
         self.now_ms = 1_800_000_000_000
         self.state = build_state(n, self.now_ms)
-        self.forecaster = HistoryForecaster() if forecast else None
-        self.recorder = DemandRecorder() if forecast else None
-        if forecast:
-            add_history(self.state, self.now_ms, random.Random(seed))
         self.rng = random.Random(seed)
         self.cfg = reconcile.ReconcileConfig()
         self.loop = ControlLoop(_Replicator(self.state), None, None, rng=random.Random(seed))  # type: ignore[arg-type]
+        self.forecaster = HistoryForecaster() if forecast else None
+        self.recorder = DemandRecorder() if forecast else None
+        if forecast:
+            add_history(self, random.Random(f"{seed}:history"))
         self.commands = 0
         self.max_commands = 0
 

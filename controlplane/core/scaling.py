@@ -88,9 +88,9 @@ that cannot sleep (DeepSpeed-MII). Instances beyond the serving target that the 
 need are so put to sleep instead of terminated (``reconcile``), and capacity the restart horizon may
 need is started one restart ahead.
 
-``ScaleDecision.demand`` is what the replicated demand history records for this tick: the stable
-``tokens`` demand (the work rate), or the concurrency where the engine reports no token rates; never
-TTFT or the queue (both are feedback, see :func:`_load_demand`).
+``ScaleDecision.demand`` is what the replicated demand history records for this tick: the largest of
+the stable ``tokens`` (work rate) and ``kv_usage`` demands and the concurrency capped at the serving
+replicas; never TTFT or the queue (both are feedback, see :func:`_load_demand`).
 
 Compared with the baselines (``BENCHMARKS.md`` B): the HPA needs 15 s for a first decision and
 doubles at most per 15 s; Knative's panic reacts to a 6 s average every 2 s. Here a burst moves the
@@ -386,14 +386,15 @@ def _clamp(deployment: Deployment, stage: _Stage) -> _Stage:
     return stage
 
 
-def _load_demand(proposals: Mapping[str, float]) -> float:
-    """What the demand history records: the work rate (``tokens``) when the engine reports it, else
-    the concurrency. Not the queue: requests waiting because capacity was short are a consequence of
-    the provisioning, and a forecast learned from them would provision for its own backlog (a
-    positive feedback loop: on the Azure code trace with a 60 s window, recording the concurrency
-    held 37 GPU-hours where recording the work rate held 21)."""
-    tokens = proposals.get("tokens")
-    return tokens if tokens is not None else proposals.get("concurrency", 0.0)
+def _load_demand(proposals: Mapping[str, float], serving: int) -> float:
+    """What the demand history records: the largest of the work rate (``tokens``), the KV cache in
+    use and the concurrency, the concurrency capped at the serving replicas. Not the queue: requests
+    waiting because capacity was short are a consequence of the provisioning, and a forecast learned
+    from them would provision for its own backlog (a positive feedback loop: on the Azure code trace
+    with a 60 s window, recording the uncapped concurrency held 37 GPU-hours where the work rate held
+    21). Capped, a saturated deployment records "all that served was needed", no more."""
+    out = max(proposals.get("tokens", 0.0), proposals.get("kv_usage", 0.0))
+    return max(out, min(proposals.get("concurrency", 0.0), float(serving)))
 
 
 FORECAST_MIN_WINDOW_MS = 60_000
@@ -487,7 +488,7 @@ def decide(
     if usable is not None:
         stage = _ahead(deployment, slo, stage, usable, current)
     target = stage.target
-    recorded = _load_demand(proposals)
+    recorded = _load_demand(proposals, signals.serving)
     next_memory = ScaleMemory(
         recs=recs,
         panic_until_ms=panic.until_ms,

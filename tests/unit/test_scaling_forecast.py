@@ -93,17 +93,20 @@ def test_demand_recorded_is_the_load_not_the_ttft_feedback() -> None:
     sig = signals(1_000, 48.0, serving=2, ttft=9_000.0)
     dec = decide(d, PROFILES[d.model], SLO, sig, EMPTY_MEMORY, 2, 1_000)
     assert dec.proposals["ttft_p99_ms"] > dec.proposals["concurrency"]
-    assert dec.demand == 48.0 / d.policy.target_concurrency  # no token rates: the concurrency
+    assert dec.demand == 48.0 / d.policy.target_concurrency  # no token rates: the concurrency (2 serve)
     assert decide(d, PROFILES[d.model], SLO, None, EMPTY_MEMORY, 2, 1_000).demand is None
 
 
-def test_demand_recorded_is_the_work_rate_when_the_engine_reports_tokens() -> None:
-    """A queue (running + waiting far above what the token work needs) is not recorded as load."""
+def test_the_queue_is_not_recorded_as_load() -> None:
+    """Running + waiting far above what 2 serving replicas hold: the history records that the 2 were
+    needed (or the token work, when larger), never the 20 the queue asks for."""
     d = dep()
-    sig = signals(1_000, 24.0 * 20, serving=2, ptps=PROFILES[d.model].prefill_tokens_per_s, gtps=0.0)
-    dec = decide(d, PROFILES[d.model], SLO, sig, EMPTY_MEMORY, 2, 1_000)
-    assert dec.proposals["concurrency"] == 20
-    assert dec.demand == 1.0 / d.policy.target_token_utilization
+    prof = PROFILES[d.model]
+    sig = signals(1_000, 24.0 * 20, serving=2, ptps=prof.prefill_tokens_per_s, gtps=0.0)
+    dec = decide(d, prof, SLO, sig, EMPTY_MEMORY, 2, 1_000)
+    assert dec.proposals["concurrency"] == 20 and dec.demand == 2.0
+    busy = signals(1_000, 24.0 * 20, serving=2, ptps=4 * prof.prefill_tokens_per_s, gtps=0.0)
+    assert decide(d, prof, SLO, busy, EMPTY_MEMORY, 2, 1_000).demand == 4.0 / d.policy.target_token_utilization
 
 
 def test_a_forecast_within_the_tolerance_band_of_the_current_count_holds_it() -> None:
