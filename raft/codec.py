@@ -51,7 +51,7 @@ from typing import Any
 from controlplane.domain import commands as c
 from controlplane.domain.errors import PermanentError, ValidationError
 from controlplane.domain.instances import InitMethod, Instance, InstanceEvent, InstanceState
-from controlplane.domain.records import BreakerPhase, BreakerRecord, ObjectMeta, ScaleMemory
+from controlplane.domain.records import BreakerPhase, BreakerRecord, ModelCacheRecord, ObjectMeta, ScaleMemory
 from controlplane.domain.state import ControlState, Desired
 from controlplane.domain.tenants import Deployment, Engine, ScalingPolicy, Slo, Tenant
 from controlplane.domain.tokens import Role, TokenRecord
@@ -224,6 +224,25 @@ def _pair_item(pair: Any, i: int, j: int) -> int:
         raise exc.at(f"[{j}]").at(f"[{i}]") from None
 
 
+def _enc_strs(v: Any) -> list[str]:
+    if type(v) is not tuple:
+        raise _Bad(f"expected a tuple, got {_kind(v)}")
+    return [_str_at(x, i) for i, x in enumerate(v)]
+
+
+def _dec_strs(v: Any) -> tuple[str, ...]:
+    if type(v) is not list:
+        raise _Bad(f"expected a list, got {_kind(v)}")
+    return tuple(_str_at(x, i) for i, x in enumerate(v))
+
+
+def _str_at(v: Any, i: int) -> str:
+    try:
+        return _str(v)
+    except _Bad as exc:
+        raise exc.at(f"[{i}]") from None
+
+
 def _dec_pairs(v: Any) -> tuple[tuple[int, int], ...]:
     if type(v) is not list:
         raise _Bad(f"expected a list, got {_kind(v)}")
@@ -358,6 +377,7 @@ BREAKER = _Struct(
     BreakerRecord, _t("phase", _PHASE), _t("failures", _INT), _t("trips", _INT), _t("open_until_ms", _INT),
     _t("probe_in_flight", _BOOL), _t("changed_ms", _INT),
 )
+MODEL_CACHE = _Struct(ModelCacheRecord, ("models", _enc_strs, _dec_strs), _t("at_ms", _INT))
 MEMORY = _Struct(
     ScaleMemory, ("recs", _enc_pairs, _dec_pairs), _t("panic_until_ms", _INT), _t("panic_peak", _INT),
     _t("last_scale_up_ms", _INT), _t("last_scale_down_ms", _INT),
@@ -442,6 +462,7 @@ COMMAND_TABLES: dict[type[Any], _Struct | None] = {
         _t("drain_deadline_ms", _INT), _t("preempted", _BOOL),
     ),
     c.PutBreaker: _Struct(c.PutBreaker, _t("key", _STR), _t("record", _nested(BREAKER))),
+    c.PutModelCache: _Struct(c.PutModelCache, _t("cluster_id", _STR), _t("record", _nested(MODEL_CACHE))),
     c.Batch: None,  # members are commands: handled by _enc_batch / _dec_batch (depth-limited)
 }
 LEASE_TABLES: dict[str, _Struct] = {
@@ -656,9 +677,13 @@ _ID_TABLES: tuple[tuple[str, _Struct], ...] = (
 _KEYED_TABLES: tuple[tuple[str, _Struct], ...] = (
     ("desired", DESIRED), ("memory", MEMORY), ("breakers", BREAKER), ("meta", META)
 )
+_OPTIONAL_TABLES: tuple[tuple[str, _Struct], ...] = (("model_caches", MODEL_CACHE),)
+"""Keyed tables added later: left out of a snapshot when empty (the bytes of every older snapshot stay
+the same) and read as empty when absent (older snapshots stay readable)."""
 _STATE_KEYS = frozenset(
     [name for name, _ in _ID_TABLES] + [name for name, _ in _KEYED_TABLES] + ["applied", "gpus_used_keys", "lease"]
 )
+_ALL_STATE_KEYS = _STATE_KEYS | {name for name, _ in _OPTIONAL_TABLES}
 
 
 def _enc_id_table(table: Any, struct: _Struct) -> list[dict[str, Any]]:
@@ -717,6 +742,9 @@ def encode_state(state: ControlState, lease: LeaseRecord) -> bytes:
             fields[name] = _wrap(name, _enc_id_table, getattr(state, name), struct)
         for name, struct in _KEYED_TABLES:
             fields[name] = _wrap(name, _enc_keyed_table, getattr(state, name), struct)
+        for name, struct in _OPTIONAL_TABLES:
+            if getattr(state, name):
+                fields[name] = _wrap(name, _enc_keyed_table, getattr(state, name), struct)
         fields["applied"] = _wrap("applied", _int, state.applied)
         fields["gpus_used_keys"] = _wrap("gpus_used_keys", _enc_gpu_keys, state.gpus_used)
         fields["lease"] = _wrap("lease", LEASE_RECORD.enc, lease)
@@ -805,13 +833,18 @@ def decode_state(data: bytes) -> tuple[ControlState, LeaseRecord]:
     try:
         if type(fields) is not dict:
             raise _Bad(f"expected an object, got {_kind(fields)}")
-        if fields.keys() != _STATE_KEYS:
+        if not _STATE_KEYS <= fields.keys():
             raise _key_problem(fields, _STATE_KEYS)
+        if not fields.keys() <= _ALL_STATE_KEYS:
+            raise _Bad("unknown field", sorted(fields.keys() - _ALL_STATE_KEYS)[0])
         state = ControlState()
         for name, struct in _ID_TABLES:
             setattr(state, name, _wrap(name, _dec_id_table, fields[name], struct))
         for name, struct in _KEYED_TABLES:
             setattr(state, name, _wrap(name, _dec_keyed_table, fields[name], struct))
+        for name, struct in _OPTIONAL_TABLES:
+            if name in fields:
+                setattr(state, name, _wrap(name, _dec_keyed_table, fields[name], struct))
         state.applied = _wrap("applied", _int, fields["applied"])
         gpus_used = _wrap("gpus_used_keys", _dec_gpu_keys, fields["gpus_used_keys"])
         lease = _wrap("lease", LEASE_RECORD.dec, fields["lease"])

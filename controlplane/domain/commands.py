@@ -12,7 +12,7 @@ from typing import ClassVar
 
 from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId, TenantId, ZoneId
 from controlplane.domain.instances import InstanceEvent
-from controlplane.domain.records import BreakerRecord, ScaleMemory
+from controlplane.domain.records import BreakerRecord, ModelCacheRecord, ScaleMemory
 from controlplane.domain.tenants import Deployment, Tenant
 from controlplane.domain.tokens import TokenRecord
 from controlplane.domain.topology import Cluster, Zone
@@ -188,6 +188,16 @@ class PutBreaker(Command):
 
 
 @dataclass(frozen=True, slots=True)
+class PutModelCache(Command):
+    """What one cluster's node-local model cache holds, as its adapter last reported it (put by the
+    lease holder when the report differs from the state: ``core/model_cache.py``)."""
+
+    kind: ClassVar[str] = "put_model_cache"
+    cluster_id: ClusterId
+    record: ModelCacheRecord
+
+
+@dataclass(frozen=True, slots=True)
 class Batch(Command):
     """Several commands committed as one log entry (one tick's plan). Each is applied in order and
     independently: a rejected one does not undo the others (see ``ApplyResult.results``)."""
@@ -215,6 +225,7 @@ COMMAND_TYPES: dict[str, type[Command]] = {
         CreateInstance,
         TransitionInstance,
         PutBreaker,
+        PutModelCache,
         Batch,
     )
 }

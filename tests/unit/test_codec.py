@@ -15,7 +15,7 @@ from controlplane.domain import commands as c
 from controlplane.domain.errors import PermanentError
 from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId, PoolId, TenantId, ZoneId
 from controlplane.domain.instances import TRANSITIONS, InitMethod, InstanceEvent, InstanceState
-from controlplane.domain.records import BreakerPhase, BreakerRecord, ObjectMeta, ScaleMemory
+from controlplane.domain.records import BreakerPhase, BreakerRecord, ModelCacheRecord, ObjectMeta, ScaleMemory
 from controlplane.domain.state import ControlState, Desired, apply, snapshot
 from controlplane.domain.tenants import HOUR_MS, MAX_PRIORITY, Deployment, Engine, ScalingPolicy, Slo, Tenant
 from controlplane.domain.tokens import Role, TokenRecord
@@ -132,6 +132,10 @@ clusters = st.builds(Cluster, ids, ids, ids, gpu_maps, texts, st.booleans(), st.
 zones = st.builds(Zone, ids, ids, st.booleans(), st.booleans())
 metas = st.builds(ObjectMeta, int64, int64, int64)
 breakers = st.builds(BreakerRecord, st.sampled_from(BreakerPhase), int64, int64, int64, st.booleans(), int64)
+model_caches = st.builds(
+    ModelCacheRecord, st.lists(st.text(min_size=1, max_size=20), unique=True, max_size=5).map(lambda m: tuple(sorted(m))),
+    naturals,
+)
 memories = st.builds(ScaleMemory, st.lists(st.tuples(int64, int64), max_size=5).map(tuple), int64, int64, int64, int64)
 
 SINGLE: dict[str, st.SearchStrategy[Any]] = {
@@ -155,6 +159,7 @@ SINGLE: dict[str, st.SearchStrategy[Any]] = {
         c.TransitionInstance, texts, st.sampled_from(InstanceEvent), int64, int64, st.booleans()
     ),
     "put_breaker": st.builds(c.PutBreaker, texts, breakers),
+    "put_model_cache": st.builds(c.PutModelCache, texts, model_caches),
 }
 DOMAIN_COMMANDS = st.one_of(*SINGLE.values())
 batches = st.recursive(
@@ -699,6 +704,8 @@ STATE_COMMANDS = st.one_of(  # creates first: Hypothesis leans towards the first
     st.builds(c.SetDesired, st.sampled_from(DIDS), st.integers(0, 6), st.integers(0, 2), texts, times),
     st.builds(c.PutScaleMemory, st.sampled_from(DIDS), memories),
     st.builds(c.PutBreaker, st.sampled_from(["cluster/c1", "adapter/c2", "x"]), breakers),
+    st.builds(lambda cid, m, t: c.PutModelCache(cid, ModelCacheRecord(m, t)), st.sampled_from(CIDS),
+              st.sampled_from([(), ("m",), ("a", "m")]), times),
     st.builds(c.RemoveDeployment, st.sampled_from(DIDS)),
     st.builds(c.RemoveTenant, st.sampled_from(TIDS)),
     st.builds(lambda z, r, co: c.PutZone(Zone(z, r, co), at_ms=7), st.sampled_from(["z1", "z2", "z3"]),
@@ -822,6 +829,7 @@ def built_state() -> ControlState:
         c.PutScaleMemory(DeploymentId("alpha"), ScaleMemory(((1_000, 3),), 0, 3, 5, -1)),
         c.PutBreaker("z", BreakerRecord(BreakerPhase.OPEN, 3, 1, 9_000)),
         c.PutBreaker("a", BreakerRecord()),
+        c.PutModelCache(ClusterId("c2"), ModelCacheRecord(("m", "n"), 11)),
         c.PutZone(Zone(ZoneId("z2"), "eu", draining=True), at_ms=12),
         c.PutZone(Zone(ZoneId("z1")), at_ms=13),
         c.PutCluster(Cluster(ClusterId("c1"), ZoneId("z1"), capacity={"h100": 8}, cordoned=True), at_ms=14),
@@ -831,6 +839,18 @@ def built_state() -> ControlState:
     for cmd in log:
         assert apply(state, cmd).ok, cmd
     return state
+
+
+def test_model_caches_round_trip_and_are_left_out_when_empty() -> None:
+    state = built_state()
+    restored, _ = check_restored(state, LeaseRecord("n1", 7, 3, 3_000))
+    assert restored.model_caches == {"c2": ModelCacheRecord(("m", "n"), 11)}
+    # A snapshot of a state without model caches has no such key: the bytes of older snapshots stay
+    # the same, and one written before the caches existed decodes to empty caches.
+    state.model_caches.clear()
+    data = encode_state(state, LeaseRecord())
+    assert b"model_caches" not in data
+    assert decode_state(data)[0].model_caches == {}
 
 
 def test_state_snapshot_keeps_history_in_the_indexes() -> None:
@@ -913,7 +933,8 @@ def test_the_state_document_is_as_described() -> None:
     doc = state_doc()
     assert (doc["v"], doc["k"]) == (CODEC_VERSION, "snapshot")
     assert set(doc["f"]) == {"tenants", "deployments", "clusters", "instances", "desired", "memory", "breakers",
-                             "zones", "tokens", "meta", "applied", "gpus_used_keys", "lease"}
+                             "zones", "tokens", "meta", "applied", "gpus_used_keys", "lease", "model_caches"}
+    assert doc["f"]["model_caches"] == [["c2", {"models": ["m", "n"], "at_ms": 11}]]
     assert [t["id"] for t in doc["f"]["clusters"]] == ["c2", "c1"]  # insertion order, not sorted
     assert decode_state(dumps(doc))[0].applied == built_state().applied
     with pytest.raises(CodecError, match="^k: unknown command kind 'snapshot'$"):
