@@ -364,6 +364,35 @@ class FakeKubeApiServer:
     def pod_names(self, namespace: str, selector: dict[str, str] | None = None) -> list[str]:
         return [p["metadata"]["name"] for p in self.pods(namespace, selector)]
 
+    def add_node(self, name: str, labels: dict[str, str] | None = None) -> None:
+        """A (cluster-scoped) node with ``labels``; ``set_node_labels`` changes them."""
+        with self.cond:
+            obj = {"apiVersion": "v1", "kind": "Node",
+                   "metadata": {"name": name, "labels": dict(labels or {}), "uid": str(uuid.uuid4()),
+                                "creationTimestamp": _now()}}
+            self._write("nodes", "", name, obj)
+
+    def set_node_labels(self, name: str, labels: dict[str, str | None]) -> None:
+        """Merge ``labels`` into the node's (None removes one), as ``kubectl label`` does."""
+        with self.cond:
+            obj = copy.deepcopy(self.store.objects[("nodes", "", name)])
+            merged = obj["metadata"].setdefault("labels", {})
+            for key, value in labels.items():
+                if value is None:
+                    merged.pop(key, None)
+                else:
+                    merged[key] = value
+            self._write("nodes", "", name, obj)
+
+    def list_nodes(self, selector: dict[str, str], limit: int | None = None) -> dict[str, Any]:
+        with self.cond:
+            items = [_public(o) for (r, _, _), o in sorted(self.store.objects.items())
+                     if r == "nodes" and matches(o["metadata"].get("labels"), selector)]
+            meta: dict[str, Any] = {"resourceVersion": str(self.store.rv)}
+            if limit is not None and len(items) > limit:
+                items, meta["continue"] = items[:limit], "more"
+            return {"kind": "NodeList", "apiVersion": "v1", "metadata": meta, "items": items}
+
     def set_pod_ready(self, namespace: str, name: str, ready: bool = True, *, ip: str | None = None) -> None:
         """Kubelet: the pod runs; its containers are (not) ready."""
         def change(pod: dict[str, Any]) -> None:
@@ -771,6 +800,7 @@ def _lease_object(namespace: str, body: dict[str, Any]) -> dict[str, Any]:
 # -- HTTP ---------------------------------------------------------------------------------------------
 APPS = re.compile(r"^/apis/apps/v1/namespaces/([^/]+)/(deployments|statefulsets)/([^/]+)(/scale)?$")
 PODS = re.compile(r"^/api/v1/namespaces/([^/]+)/pods(?:/([^/]+)(/status)?)?$")
+NODES = re.compile(r"^/api/v1/nodes(?:/([^/]+))?$")
 LEASES = re.compile(r"^/apis/coordination\.k8s\.io/v1/namespaces/([^/]+)/leases(?:/([^/]+))?$")
 
 
@@ -842,6 +872,14 @@ class _Handler(BaseHTTPRequestHandler):
                     return fake.patch("pods", ns, name, content_type, _json_body(raw, content_type))
                 if method == "DELETE":
                     return fake.delete("pods", ns, name)
+            raise _not_allowed(method)
+        if m := NODES.match(path):
+            (name,) = m.groups()
+            if name is None and method == "GET":
+                limit = query.get("limit")
+                return fake.list_nodes(parse_selector(query.get("labelSelector", "")), int(limit) if limit else None)
+            if name is not None and method == "GET":
+                return fake.read("nodes", "", name)
             raise _not_allowed(method)
         if m := LEASES.match(path):
             ns, name = m.groups()
