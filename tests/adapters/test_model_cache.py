@@ -1,5 +1,5 @@
-"""The node-local model cache as the adapters report it: the Kubernetes backend reading node labels
-from the strict fake apiserver, the wire carrying it, the engine drivers' sleep levels and
+"""The node-local model cache as the adapters report it: the Kubernetes backend reading the cache
+DaemonSet's per-node ConfigMaps from the strict fake apiserver, the wire carrying it, the engine drivers' sleep levels and
 DeepSpeed-MII's refusal to sleep."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from kubernetes import client as k8s
 
 from adapters.kubernetes import KubernetesBackend, KubernetesConfig, WorkloadConfig, engine_sleep, engine_wake
-from adapters.model_cache import LABEL_PREFIX, READY, ModelCacheConfig, cached_models
+from adapters.model_cache import MODELS_KEY, NODE_LABEL, ModelCacheConfig, cached_models
 from adapters.simulated import SimulatedBackend, SimulatedConfig
 from adapters.vllm import VllmDriver
 from adapters.wire import batch_of, observations_of
@@ -24,19 +24,20 @@ from tests.fakes.vllm_server import FakeVllmServer
 
 pytestmark = pytest.mark.timeout(60)
 NS = "serving"
-ENABLED = {f"{LABEL_PREFIX}enabled": "true"}
+NODE = {NODE_LABEL: "node"}
 
 
-def ready(*models: str) -> dict[str, str]:
-    return {**ENABLED, **{f"{LABEL_PREFIX}{m}": READY for m in models}}
+def node(*models: str) -> dict[str, str]:
+    """A per-node ConfigMap's data listing ``models``."""
+    return {"node": "n", MODELS_KEY: "".join(f"{m}\n" for m in models)}
 
 
 @pytest.mark.parametrize(("nodes", "models"), [
     ([], ()),
-    ([ready("b", "a")], ("a", "b")),
-    ([ready("a", "b"), ready("a")], ("a",)),  # only what every cache node holds
-    ([ready("a"), {**ENABLED, f"{LABEL_PREFIX}a": "downloading"}], ()),
-    ([{**ready("a"), "other.io/a": READY, f"{LABEL_PREFIX}-bad-": READY}], ("a",)),  # foreign or invalid names
+    ([node("b", "a")], ("a", "b")),
+    ([node("a", "b"), node("a")], ("a",)),  # only what every cache node holds
+    ([node("a"), node()], ()),  # a node still downloading
+    ([{MODELS_KEY: "a\n  \n-bad\nb c\n"}], ("a",)),  # blank and invalid lines are skipped
     ([None], ()),
 ])  # fmt: skip
 def test_cached_models(nodes: list, models: tuple[str, ...]) -> None:
@@ -70,50 +71,55 @@ def backend(fake: FakeKubeApiServer, clock: Clock, cache: ModelCacheConfig | Non
 
 
 def test_kubernetes_backend_reports_what_every_cache_node_holds(fake: FakeKubeApiServer) -> None:
-    fake.add_node("n1", ready("llama3-8b-h100", "llama3-70b-h100x4"))
-    fake.add_node("n2", ready("llama3-8b-h100"))
-    fake.add_node("cpu-1", {"kubernetes.io/os": "linux"})  # not a cache node: not counted
+    fake.put_configmap(NS, "model-cache-n1", node("llama3-8b-h100", "llama3-70b-h100x4"), NODE)
+    fake.put_configmap(NS, "model-cache-n2", node("llama3-8b-h100"), NODE)
+    fake.put_configmap(NS, "other", node(), {"app": "x"})  # not a cache node's: not counted
     clock = Clock()
-    b = backend(fake, clock, ModelCacheConfig(refresh_s=30))
+    b = backend(fake, clock, ModelCacheConfig(namespace=NS, refresh_s=30))
     try:
         assert b.observe(clock.ms).model_caches == (("gpu-a", ("llama3-8b-h100",)),)
-        fake.set_node_labels("n2", {f"{LABEL_PREFIX}llama3-70b-h100x4": READY})
+        fake.put_configmap(NS, "model-cache-n2", node("llama3-8b-h100", "llama3-70b-h100x4"), NODE)
         clock.ms += 29_000
         assert b.observe(clock.ms).model_caches == (("gpu-a", ("llama3-8b-h100",)),)  # not due yet
         clock.ms += 1_000
         assert b.observe(clock.ms).model_caches == (("gpu-a", ("llama3-70b-h100x4", "llama3-8b-h100")),)
-        lists = [p for m, p, _ in fake.requests if m == "GET" and p.startswith("/api/v1/nodes")]
-        assert len(lists) == 2 and all("labelSelector=model-cache.controlplane.io" in p for p in lists)
+        clock.ms += 30_000
+        fake.delete_configmap(NS, "model-cache-n1")  # its node left: the cache is what n2 holds
+        fake.put_configmap(NS, "model-cache-n2", node("llama3-70b-h100x4"), NODE)
+        assert b.observe(clock.ms).model_caches == (("gpu-a", ("llama3-70b-h100x4",)),)
+        lists = [p for m, p, _ in fake.requests if m == "GET" and "/configmaps" in p]
+        assert len(lists) == 3 and all(p.startswith(f"/api/v1/namespaces/{NS}/configmaps?") for p in lists)
+        assert all("labelSelector=controlplane.io/model-cache%3Dnode" in p for p in lists), lists
     finally:
         b.close()
 
 
 def test_a_failed_node_list_keeps_the_last_answer(fake: FakeKubeApiServer) -> None:
-    fake.add_node("n1", ready("m"))
+    fake.put_configmap(NS, "model-cache-n1", node("m"), NODE)
     clock = Clock()
-    b = backend(fake, clock, ModelCacheConfig(refresh_s=1))
+    b = backend(fake, clock, ModelCacheConfig(namespace=NS, refresh_s=1))
     try:
-        fake.fail_next(403, path_contains="/api/v1/nodes")
+        fake.fail_next(403, path_contains="/configmaps")
         assert b.observe(clock.ms).model_caches == ()  # nothing known yet: nothing reported
         clock.ms += 1_000
         assert b.observe(clock.ms).model_caches == (("gpu-a", ("m",)),)
-        fake.fail_next(500, path_contains="/api/v1/nodes")
-        fake.set_node_labels("n1", {f"{LABEL_PREFIX}m": None})
+        fake.fail_next(500, path_contains="/configmaps")
+        fake.put_configmap(NS, "model-cache-n1", node(), NODE)
         clock.ms += 1_000
         assert b.observe(clock.ms).model_caches == (("gpu-a", ("m",)),)  # kept
         clock.ms += 1_000
-        assert b.observe(clock.ms).model_caches == (("gpu-a", ()),)  # the label is gone
+        assert b.observe(clock.ms).model_caches == (("gpu-a", ()),)  # the model is gone
     finally:
         b.close()
 
 
 def test_without_the_model_cache_section_nothing_is_reported(fake: FakeKubeApiServer) -> None:
-    fake.add_node("n1", ready("m"))
+    fake.put_configmap(NS, "model-cache-n1", node("m"), NODE)
     clock = Clock()
     b = backend(fake, clock, None)
     try:
         assert b.observe(clock.ms).model_caches == ()
-        assert not any(p.startswith("/api/v1/nodes") for _, p, _ in fake.requests)
+        assert not any("/configmaps" in p for _, p, _ in fake.requests)
     finally:
         b.close()
 
