@@ -211,3 +211,23 @@ def test_start_latency_histogram_by_tier() -> None:
     assert value("count", "warm") == 1 and value("bucket", "warm", le="1.0") == 1
     assert value("bucket", "cached", le="30.0") == 0 and value("bucket", "cached", le="45.0") == 1
     assert value("count", "cold") is None
+
+
+def test_facts_put_the_cache_after_the_lifecycle_reports_so_a_start_keeps_its_tier() -> None:
+    """A pod created while its cluster's cache lacked the model is reported starting in the same batch
+    that first reports the cache holding it (a cold start of another instance completed meanwhile):
+    the start stays ``cold``, the next one is ``cached``."""
+    import random
+
+    from controlplane.core import reconcile
+    from controlplane.domain.observations import InstanceReport
+
+    state = _state()
+    assert apply(state, c.CreateInstance(InstanceId("a"), DeploymentId("d1"), ClusterId("c1"), 10)).ok
+    obs = Observations(100, reports=(InstanceReport(InstanceId("a"), "start_warmup", 50),),
+                       model_caches=((ClusterId("c1"), ("llama3-8b-h100",)),))
+    facts = reconcile.facts(state, obs, [], 100, reconcile.ReconcileConfig(), random.Random(0))
+    assert [type(f) for f in facts] == [c.TransitionInstance, c.PutModelCache]
+    assert apply(state, c.Batch(facts)).ok
+    assert state.instances[InstanceId("a")].init_method is M.COLD
+    assert _start(state, "b", "c1") is M.CACHED
