@@ -65,7 +65,8 @@ recommendation counts for at least the window (and less than a second longer) an
 at most ``ceil(window / 1 s) + 1`` entries. The recommendation stored is the stable path's (stage 1
 without panic), also during a panic, so the window reflects the load when the panic ends.
 
-Warm pool: ``min(deployment.warm_pool, max_replicas - target)``, never negative.
+Warm pool: ``min(deployment.warm_pool, max_replicas - target)``, never negative; 0 for an engine that
+cannot sleep (DeepSpeed-MII, ``domain.start_tiers.can_sleep``).
 
 Compared with the baselines (``BENCHMARKS.md`` B): the HPA needs 15 s for a first decision and
 doubles at most per 15 s; Knative's panic reacts to a 6 s average every 2 s. Here a burst moves the
@@ -86,6 +87,7 @@ from dataclasses import dataclass, field
 from controlplane.core.signals import FilteredSignals
 from controlplane.domain.profiles import ModelProfile
 from controlplane.domain.records import ScaleMemory
+from controlplane.domain.start_tiers import can_sleep
 from controlplane.domain.tenants import Deployment, ScalingPolicy, Slo
 
 REC_BUCKET_MS = 1_000
@@ -351,6 +353,8 @@ def _clamp(deployment: Deployment, stage: _Stage) -> _Stage:
 
 
 def _warm_pool(deployment: Deployment, target: int) -> int:
+    if not can_sleep(deployment.engine):
+        return 0  # DeepSpeed-MII has no sleep: no Standby for it (``apply`` refuses to put one to sleep)
     return max(0, min(deployment.warm_pool, deployment.max_replicas - target))
 
 

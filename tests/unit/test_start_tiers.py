@@ -231,3 +231,14 @@ def test_facts_put_the_cache_after_the_lifecycle_reports_so_a_start_keeps_its_ti
     assert apply(state, c.Batch(facts)).ok
     assert state.instances[InstanceId("a")].init_method is M.COLD
     assert _start(state, "b", "c1") is M.CACHED
+
+
+@pytest.mark.parametrize(("engine", "warm"), [(Engine.VLLM, 2), (Engine.TRITON, 2), (Engine.DEEPSPEED_MII, 0)])
+def test_the_scaling_decision_keeps_no_warm_pool_for_an_engine_that_cannot_sleep(engine: Engine, warm: int) -> None:
+    from controlplane.core import scaling
+    from controlplane.domain.records import EMPTY_MEMORY
+    from controlplane.domain.tenants import Slo
+
+    d = Deployment(DeploymentId("d1"), TenantId("t1"), engine, "llama3-8b-h100", PoolId("h100"), 1, warm_pool=2)
+    decision = scaling.decide(d, PROFILES["llama3-8b-h100"], Slo(), None, EMPTY_MEMORY, 1, 1_000)
+    assert decision.warm_pool == warm
