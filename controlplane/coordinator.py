@@ -17,7 +17,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +29,7 @@ from controlplane.api.admin import FencedClusterStatus, NodeStatus, PeerStatus
 from controlplane.api.server import ApiServer, serve
 from controlplane.config import ConfigError, CoordinatorConfig, read_token_file
 from controlplane.domain import commands as c
+from controlplane.domain.instances import Transitioned
 from controlplane.domain.errors import ControlPlaneError, TemporaryError
 from controlplane.domain.tenants import Deployment, Tenant
 from controlplane.domain.tokens import Role, TokenRecord, parse_token
@@ -37,6 +38,8 @@ from controlplane.fencing import FenceSigner
 from controlplane.member import RaftMember, build_member
 from controlplane.runtime.clock import wall_ms
 from controlplane.runtime.loop import ControlLoop
+from controlplane.forecast.service import HistoryForecaster
+from controlplane.runtime.forecast_metrics import ForecastMetrics
 from controlplane.runtime.metrics import CoordinatorCollector, MetricsView
 from controlplane.runtime.transitions import TransitionRecorder
 from controlplane.specs import deployment_of, tenant_of
@@ -88,8 +91,14 @@ class Coordinator:
                                      "1 when this member stopped taking part in Raft because its storage failed.",
                                      ["kind"], registry=self.registry)
         self.node.add_fatal_listener(self._on_storage_failure)
-        self.replicator = RaftReplicator(self.node, cfg, fence=self.guard.fence,
-                                         on_transitions=TransitionRecorder(self.registry).record)
+        self.forecast_metrics = ForecastMetrics(self.registry)
+        recorder = TransitionRecorder(self.registry)
+
+        def on_transitions(records: Sequence[Transitioned]) -> None:
+            recorder.record(records)
+            self.forecast_metrics.transitions(records)
+
+        self.replicator = RaftReplicator(self.node, cfg, fence=self.guard.fence, on_transitions=on_transitions)
         adapter_token = _token_from(cfg.adapter_token_file, "adapter_token_file")
         self._admin_token = _admin_record(cfg)
         adapter_tls = cfg.adapter_tls.client() if cfg.adapter_tls is not None else None
@@ -102,6 +111,8 @@ class Coordinator:
         self.loop = ControlLoop(
             self.replicator, self.adapter, self.observations, rng=random.Random(),
             authority=self._authority, holder=cfg.node_id, act_delay_s=cfg.fault_act_delay_ms / 1000, signer=signer,
+            forecaster=HistoryForecaster(on_fallback=self.forecast_metrics.on_fallback,
+                                         on_score=self.forecast_metrics.on_score),
         )
         self._stop = threading.Event()
         self._loop_thread: threading.Thread | None = None
@@ -165,7 +176,9 @@ class Coordinator:
             try:
                 self._bootstrap(now_ms)
                 self._follow_adapters()
-                self.loop.tick(now_ms)
+                report = self.loop.tick(now_ms)
+                if report.plan is not None:
+                    self.forecast_metrics.tick(report.plan.decisions, self.loop.last_signals, now_ms)
             except TemporaryError as exc:  # not leader any more, commit timed out...: next tick decides
                 outcome = "skipped"
                 log.info("tick_skipped", reason=type(exc).__name__, detail=str(exc))

@@ -44,11 +44,13 @@ import dataclasses
 import json
 import json.encoder
 import math
+import re
 from collections.abc import Callable, Mapping
 from operator import attrgetter
 from typing import Any
 
 from controlplane.domain import commands as c
+from controlplane.domain.demand import DemandHistory
 from controlplane.domain.errors import PermanentError, ValidationError
 from controlplane.domain.instances import InitMethod, Instance, InstanceEvent, InstanceState
 from controlplane.domain.records import BreakerPhase, BreakerRecord, ModelCacheRecord, ObjectMeta, ScaleMemory
@@ -73,7 +75,7 @@ __all__ = [
 CODEC_VERSION = 2
 """Version of the wire format. Bump it on any incompatible change (and keep a reader for the old one
 once a release has data to upgrade)."""
-WRITTEN_FOR_COMMAND_VERSION = 5
+WRITTEN_FOR_COMMAND_VERSION = 6
 """The ``COMMAND_VERSION`` the tables below describe; import fails if the commands moved on."""
 MAX_PAYLOAD_BYTES = 16 * 1024 * 1024
 """Largest payload :func:`decode` reads and :func:`encode` writes (commands and snapshots alike)."""
@@ -420,6 +422,53 @@ def _memory_entry(entry: Any, i: int, memory: Codec) -> list[Any]:
         raise exc.at("[1]").at(f"[{i}]") from None
 
 
+_HEX = re.compile("[0-9a-f]*")
+
+
+def _enc_hex(v: Any) -> str:
+    """``bytes`` as lowercase hex (``DemandHistory.data``)."""
+    if type(v) is not bytes:
+        raise _Bad(f"expected bytes, got {_kind(v)}")
+    return v.hex()
+
+
+def _dec_hex(v: Any) -> bytes:
+    if type(v) is not str:
+        raise _Bad(f"expected a hex string, got {_kind(v)}")
+    if len(v) % 2 or _HEX.fullmatch(v) is None:
+        raise _Bad("expected an even number of lowercase hex digits")
+    return bytes.fromhex(v)
+
+
+DEMAND = _Struct(DemandHistory, _t("end_ms", _INT), ("data", _enc_hex, _dec_hex))
+
+
+def _enc_demand_entries(v: Any) -> list[list[Any]]:
+    """``RecordDemand.entries``: a list of ``[deployment_id, deci-replicas]`` pairs."""
+    if type(v) is not tuple:
+        raise _Bad(f"expected a tuple, got {_kind(v)}")
+    return [_demand_entry(e, i, tuple) for i, e in enumerate(v)]
+
+
+def _dec_demand_entries(v: Any) -> tuple[tuple[str, int], ...]:
+    if type(v) is not list:
+        raise _Bad(f"expected a list, got {_kind(v)}")
+    return tuple(tuple(_demand_entry(e, i, list)) for i, e in enumerate(v))  # type: ignore[misc]
+
+
+def _demand_entry(entry: Any, i: int, kind: type) -> list[Any]:
+    if type(entry) is not kind or len(entry) != 2:
+        raise _Bad(f"expected a (deployment id, deci-replicas) pair, got {_kind(entry)}", f"[{i}]")
+    try:
+        did = _str(entry[0])
+    except _Bad as exc:
+        raise exc.at("[0]").at(f"[{i}]") from None
+    try:
+        return [did, _int(entry[1])]
+    except _Bad as exc:
+        raise exc.at("[1]").at(f"[{i}]") from None
+
+
 INSTANCE = _Struct(
     Instance, _t("id", _STR), _t("deployment", _STR), _t("tenant", _STR), _t("cluster", _STR), _t("zone", _STR),
     _t("pool", _STR), _t("gpus", _INT), _t("state", _ISTATE), _t("init_method", _INIT), _t("created_ms", _INT),
@@ -453,6 +502,7 @@ COMMAND_TABLES: dict[type[Any], _Struct | None] = {
     ),
     c.PutScaleMemory: _Struct(c.PutScaleMemory, _t("deployment_id", _STR), _t("memory", _nested(MEMORY))),
     c.PutScaleMemories: _Struct(c.PutScaleMemories, ("memories", _enc_memories, _dec_memories)),
+    c.RecordDemand: _Struct(c.RecordDemand, _t("end_ms", _INT), ("entries", _enc_demand_entries, _dec_demand_entries)),
     c.CreateInstance: _Struct(
         c.CreateInstance, _t("instance_id", _STR), _t("deployment_id", _STR), _t("cluster_id", _STR),
         _t("at_ms", _INT),
@@ -675,15 +725,16 @@ _ID_TABLES: tuple[tuple[str, _Struct], ...] = (
     ("zones", ZONE), ("tokens", TOKEN),
 )
 _KEYED_TABLES: tuple[tuple[str, _Struct], ...] = (
-    ("desired", DESIRED), ("memory", MEMORY), ("breakers", BREAKER), ("meta", META)
+    ("desired", DESIRED), ("memory", MEMORY), ("breakers", BREAKER), ("meta", META), ("demand", DEMAND),
+    ("model_caches", MODEL_CACHE),
 )
-_OPTIONAL_TABLES: tuple[tuple[str, _Struct], ...] = (("model_caches", MODEL_CACHE),)
-"""Keyed tables added later: left out of a snapshot when empty (the bytes of every older snapshot stay
-the same) and read as empty when absent (older snapshots stay readable)."""
+_OPTIONAL_STATE_KEYS = frozenset(["demand", "model_caches"])
+"""Tables a snapshot written before they existed lacks (COMMAND_VERSION 5 had no ``demand`` and no
+``model_caches``): read as empty."""
 _STATE_KEYS = frozenset(
     [name for name, _ in _ID_TABLES] + [name for name, _ in _KEYED_TABLES] + ["applied", "gpus_used_keys", "lease"]
 )
-_ALL_STATE_KEYS = _STATE_KEYS | {name for name, _ in _OPTIONAL_TABLES}
+
 
 
 def _enc_id_table(table: Any, struct: _Struct) -> list[dict[str, Any]]:
@@ -742,9 +793,6 @@ def encode_state(state: ControlState, lease: LeaseRecord) -> bytes:
             fields[name] = _wrap(name, _enc_id_table, getattr(state, name), struct)
         for name, struct in _KEYED_TABLES:
             fields[name] = _wrap(name, _enc_keyed_table, getattr(state, name), struct)
-        for name, struct in _OPTIONAL_TABLES:
-            if getattr(state, name):
-                fields[name] = _wrap(name, _enc_keyed_table, getattr(state, name), struct)
         fields["applied"] = _wrap("applied", _int, state.applied)
         fields["gpus_used_keys"] = _wrap("gpus_used_keys", _enc_gpu_keys, state.gpus_used)
         fields["lease"] = _wrap("lease", LEASE_RECORD.enc, lease)
@@ -833,18 +881,13 @@ def decode_state(data: bytes) -> tuple[ControlState, LeaseRecord]:
     try:
         if type(fields) is not dict:
             raise _Bad(f"expected an object, got {_kind(fields)}")
-        if not _STATE_KEYS <= fields.keys():
+        if fields.keys() != _STATE_KEYS and fields.keys() | _OPTIONAL_STATE_KEYS != _STATE_KEYS:
             raise _key_problem(fields, _STATE_KEYS)
-        if not fields.keys() <= _ALL_STATE_KEYS:
-            raise _Bad("unknown field", sorted(fields.keys() - _ALL_STATE_KEYS)[0])
         state = ControlState()
         for name, struct in _ID_TABLES:
             setattr(state, name, _wrap(name, _dec_id_table, fields[name], struct))
         for name, struct in _KEYED_TABLES:
-            setattr(state, name, _wrap(name, _dec_keyed_table, fields[name], struct))
-        for name, struct in _OPTIONAL_TABLES:
-            if name in fields:
-                setattr(state, name, _wrap(name, _dec_keyed_table, fields[name], struct))
+            setattr(state, name, _wrap(name, _dec_keyed_table, fields.get(name, []), struct))
         state.applied = _wrap("applied", _int, fields["applied"])
         gpus_used = _wrap("gpus_used_keys", _dec_gpu_keys, fields["gpus_used_keys"])
         lease = _wrap("lease", LEASE_RECORD.dec, fields["lease"])

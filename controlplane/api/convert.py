@@ -24,11 +24,13 @@ from pydantic import BaseModel
 
 from controlplane.api.limits import clip_path
 from controlplane.api.v1 import api_pb2
+from controlplane.core.scaling import ScaleReason, wake_fits
+from controlplane.domain.demand import BUCKET_MS, Forecast
 from controlplane.domain.errors import ValidationError
 from controlplane.domain.ids import id_problem, local_name
 from controlplane.domain.records import ObjectMeta
 from controlplane.domain.state import ControlState
-from controlplane.domain.tenants import Deployment, Tenant
+from controlplane.domain.tenants import Deployment, Slo, Tenant
 from controlplane.domain.tokens import TokenRecord
 from controlplane.domain.topology import Cluster, Zone
 from controlplane.specs import (
@@ -331,3 +333,42 @@ def token_to_proto(t: TokenRecord) -> api_pb2.TokenInfo:
     """Public data of a token (never its hash)."""
     return api_pb2.TokenInfo(id=t.id, role=t.role.value, tenant=t.tenant, created_ms=t.created_ms,
                              expires_ms=t.expires_ms, description=t.description)
+
+
+# --- Scaling: the lease holder's live decision --------------------------------------------------------------------
+
+
+def forecast_to_proto(f: Forecast, fits: bool) -> api_pb2.Forecast:
+    """``f`` as a message; ``fits``: a Standby instance's wake fits the tenant's TTFT SLO
+    (:func:`controlplane.core.scaling.wake_fits`), so only ``ready`` must serve."""
+    out = api_pb2.Forecast(
+        usable=f.usable, note=f.note, ready=f.ready, total=f.total, expected=f.expected, wake_ms=f.wake_ms,
+        restart_ms=f.restart_ms, quantile=f.quantile, buckets=f.buckets, bucket_ms=BUCKET_MS, at_ms=f.at_ms,
+        wake_fits=fits,
+    )
+    if f.mape is not None:
+        out.mape = f.mape
+    return out
+
+
+def live_to_proto(live: Any, d: Deployment, slo: Slo) -> api_pb2.LiveDecision:
+    """A ``LiveDecision`` of deployment ``d`` (its tenant's SLO ``slo``) as a message. ``live`` comes
+    from the lease holder's loop through a Protocol (``ApiCore.holder``): a field it lacks is left
+    unset. ``target_before_forecast`` is set only when the forecast raised the target (reason
+    ``forecast``; equal to ``target`` when the tenant's quota held the whole raise)."""
+    out = api_pb2.LiveDecision(
+        at_ms=int(getattr(live, "at_ms", 0)), current=int(getattr(live, "current", 0)),
+        target=int(getattr(live, "target", 0)), granted=int(getattr(live, "granted", 0)),
+        reason=str(getattr(live, "reason", "")), message=str(getattr(live, "message", "")),
+        proposals={str(k): int(v) for k, v in dict(getattr(live, "proposals", {}) or {}).items()},
+        panic=bool(getattr(live, "panic", False)),
+        signals={str(k): float(v) for k, v in dict(getattr(live, "signals", {}) or {}).items()},
+        warm_pool=int(getattr(live, "warm_pool", 0)),
+    )
+    reactive = getattr(live, "reactive", None)
+    if reactive is not None and out.reason == ScaleReason.FORECAST.value:
+        out.target_before_forecast = int(reactive)
+    forecast = getattr(live, "forecast", None)
+    if forecast is not None:
+        out.forecast.CopyFrom(forecast_to_proto(forecast, wake_fits(d, slo, forecast)))
+    return out

@@ -86,7 +86,7 @@ from controlplane.domain.errors import (
 )
 from controlplane.domain.ids import local_name, qualified_id
 from controlplane.domain.state import ApplyResult, ControlState
-from controlplane.domain.tenants import Deployment
+from controlplane.domain.tenants import Deployment, Slo
 from controlplane.domain.tokens import MAX_DESCRIPTION, Role, TokenRecord
 from controlplane.domain.topology import Zone
 from controlplane.runtime.clock import wall_ms
@@ -875,17 +875,6 @@ def _decision_to_proto(ev: Any) -> api_pb2.Decision:
                             reason=ev.reason, message=ev.message)
 
 
-def _live_to_proto(live: Any) -> api_pb2.LiveDecision:
-    return api_pb2.LiveDecision(
-        at_ms=int(getattr(live, "at_ms", 0)), current=int(getattr(live, "current", 0)),
-        target=int(getattr(live, "target", 0)), granted=int(getattr(live, "granted", 0)),
-        reason=str(getattr(live, "reason", "")), message=str(getattr(live, "message", "")),
-        proposals={str(k): int(v) for k, v in dict(getattr(live, "proposals", {}) or {}).items()},
-        panic=bool(getattr(live, "panic", False)),
-        signals={str(k): float(v) for k, v in dict(getattr(live, "signals", {}) or {}).items()},
-    )
-
-
 def _event_to_proto(ev: Any, served_by: str) -> api_pb2.Event:
     # Deployments are named within their tenant (``tenant`` says which); instance names are global.
     name = local_name(ev.name) if ev.kind in _DEPLOYMENT_NAMED else ev.name
@@ -957,7 +946,8 @@ class ScalingServicer(api_pb2_grpc.ScalingServicer):
             out.lease_holder = self.core.cfg.node_id
             live = self.core.holder.live_decision(d.id) if self.core.holder is not None else None
             if live is not None:
-                out.live.CopyFrom(_live_to_proto(live))
+                tenant = state.tenants.get(d.tenant)
+                out.live.CopyFrom(cv.live_to_proto(live, d, tenant.slo if tenant is not None else Slo()))
         else:
             reply = self.core.forward(context, lambda ch, md: api_pb2_grpc.ScalingStub(ch).Explain(
                 api_pb2.ExplainRequest(deployment=request.deployment, limit=1), timeout=FORWARD_DEADLINE_S, metadata=md))

@@ -12,8 +12,12 @@ held in memory:
 * ``plan``: :func:`controlplane.core.reconcile.plan` (a scaling decision per deployment, tenant
   allocation and preemption, warm pools, breakers, placement).
 
-The headline, ``tick`` = ``facts`` + ``plan`` (decide + plan; the issue's definition); ``full`` adds
-``filter``, what the loop also spends per tick. Gathering, the fence RPCs, the Raft commit and the
+The headline, ``tick`` = ``facts`` + ``plan`` + ``forecast`` (decide + plan; the issue's definition);
+``full`` adds ``filter``, what the loop also spends per tick. ``forecast`` (issue 16) is what the loop
+adds with its forecaster: reading the forecasts (recomputed from the replicated demand history once
+per 10 s bucket, so one tick in 40 pays for it) and recording the bucket's demand. Every size is
+measured twice in one run, with the forecaster (the production default; each deployment starts with
+an hour of history) and without (``reactive``), and the table gives their ratio. Gathering, the fence RPCs, the Raft commit and the
 adapter sends (I/O) are not part of it (``controlplane bench reaction`` and ``bench raft`` measure
 those).
 
@@ -63,7 +67,9 @@ SEED = 20260901
 MODEL = "llama3-8b-h100"
 POOL = "h100"
 FILES = ("bench-tick.md", "bench-tick.json")
-PARTS = ("filter", "facts", "plan", "tick", "full")
+PARTS = ("filter", "facts", "plan", "forecast", "tick", "full")
+FORECAST_GOAL = 1.10
+"""Issue 16: the tick with the forecaster at most 10 % slower than without."""
 
 
 class _Replicator:
@@ -118,6 +124,16 @@ def build_state(n: int, now_ms: int) -> Any:
     return state
 
 
+def add_history(state: Any, now_ms: int, rng: random.Random) -> None:
+    """An hour of demand history per deployment, about its 10 replicas with noise (a steady fleet)."""
+    from controlplane.domain.demand import BUCKET_MS, HISTORY_BUCKETS, DemandHistory
+
+    end = (now_ms // BUCKET_MS) * BUCKET_MS
+    for did in state.deployments:
+        data = b"".join(int(rng.uniform(80, 105)).to_bytes(2, "little") for _ in range(HISTORY_BUCKETS))
+        state.demand[did] = DemandHistory(end, data)
+
+
 def samples_at(state: Any, now_ms: int, rng: random.Random) -> Any:
     """One sample per serving instance at ``now_ms``: each deployment inside its tolerance band."""
     from controlplane.domain.observations import InstanceSample, Observations
@@ -136,13 +152,19 @@ def samples_at(state: Any, now_ms: int, rng: random.Random) -> Any:
 class TickHarness:
     """The state, a control loop's filters and the clock of one fleet size."""
 
-    def __init__(self, n: int, seed: int = SEED) -> None:
+    def __init__(self, n: int, seed: int = SEED, *, forecast: bool = True) -> None:
         from controlplane.core import reconcile
+        from controlplane.forecast.recorder import DemandRecorder
+        from controlplane.forecast.service import HistoryForecaster
         from controlplane.runtime.loop import ControlLoop
 
         self.n = n
         self.now_ms = 1_800_000_000_000
         self.state = build_state(n, self.now_ms)
+        self.forecaster = HistoryForecaster() if forecast else None
+        self.recorder = DemandRecorder() if forecast else None
+        if forecast:
+            add_history(self.state, self.now_ms, random.Random(seed))
         self.rng = random.Random(seed)
         self.cfg = reconcile.ReconcileConfig()
         self.loop = ControlLoop(_Replicator(self.state), None, None, rng=random.Random(seed))  # type: ignore[arg-type]
@@ -164,12 +186,20 @@ class TickHarness:
         t2 = pc()
         _apply_all(self.state, facts)  # the loop commits the facts before it plans
         t3 = pc()
-        plan = reconcile.plan(self.state, filtered, loads, now, self.cfg)
+        forecasts = self.forecaster.forecasts(self.state, now) if self.forecaster is not None else None
         t4 = pc()
-        _apply_all(self.state, plan.commands)
-        self.commands += len(facts) + len(plan.commands)
-        self.max_commands = max(self.max_commands, len(facts) + len(plan.commands))
-        return {"filter": t1 - t0, "facts": t2 - t1, "plan": t4 - t3}
+        plan = reconcile.plan(self.state, filtered, loads, now, self.cfg, forecasts)
+        t5 = pc()
+        commands = plan.commands
+        if self.recorder is not None:
+            closed = self.recorder.observe(plan.decisions, now)
+            if closed is not None:
+                commands = commands + (closed,)
+        t6 = pc()
+        _apply_all(self.state, commands)
+        self.commands += len(facts) + len(commands)
+        self.max_commands = max(self.max_commands, len(facts) + len(commands))
+        return {"filter": t1 - t0, "facts": t2 - t1, "plan": t5 - t4, "forecast": (t4 - t3) + (t6 - t5)}
 
 
 def _apply_all(state: Any, commands: Any) -> None:
@@ -190,11 +220,11 @@ def pin_one_core() -> int | None:
     return cpus[-1]
 
 
-def measure(n: int, ticks: int, warmup: int = WARMUP_TICKS) -> dict[str, Any]:
+def measure(n: int, ticks: int, warmup: int = WARMUP_TICKS, *, forecast: bool = True) -> dict[str, Any]:
     from controlplane.bench.raft import summary
 
     t_build = time.perf_counter()
-    h = TickHarness(n)
+    h = TickHarness(n, forecast=forecast)
     build_s = time.perf_counter() - t_build
     for _ in range(warmup):
         h.tick()
@@ -203,11 +233,11 @@ def measure(n: int, ticks: int, warmup: int = WARMUP_TICKS) -> dict[str, Any]:
     for _ in range(ticks):
         ns = h.tick()
         ms = {k: v / 1e6 for k, v in ns.items()}
-        ms["tick"] = ms["facts"] + ms["plan"]
+        ms["tick"] = ms["facts"] + ms["plan"] + ms["forecast"]
         ms["full"] = ms["tick"] + ms["filter"]
         rows.append(ms)
     out: dict[str, Any] = {
-        "deployments": n, "instances": len(h.state.instances), "clusters": len(h.state.clusters),
+        "deployments": n, "forecast": forecast, "instances": len(h.state.instances), "clusters": len(h.state.clusters),
         "tenants": len(h.state.tenants), "ticks": ticks, "warmup_ticks": warmup, "build_s": round(build_s, 2),
         "commands_per_tick_mean": round(h.commands / max(1, ticks), 2), "commands_per_tick_max": h.max_commands,
     }
@@ -216,7 +246,7 @@ def measure(n: int, ticks: int, warmup: int = WARMUP_TICKS) -> dict[str, Any]:
         s = summary(vals)
         s["median"] = s.get("p50")
         out[f"{part}_ms"] = s
-    target = TARGET_MS.get(n)
+    target = TARGET_MS.get(n) if forecast else None
     if target is not None:
         p99 = out["tick_ms"]["p99"]
         out["target_ms"] = target
@@ -281,10 +311,16 @@ def run_bench(sizes: tuple[int, ...], out_dir: Path, *, ticks: dict[int, int] | 
         for n in sizes:
             k = ticks.get(n, TICKS.get(n, 20))
             row = measure(n, k)
+            reactive = measure(n, k, forecast=False)
             advance(f"{n:,} deployments", k)
             if memory:
                 row["memory"] = measure_memory(n)
                 advance(f"{n:,} deployments", 1)
+            row["reactive_tick_ms"] = reactive["tick_ms"]
+            ratio = {q: round(row["tick_ms"][q] / reactive["tick_ms"][q], 3) if reactive["tick_ms"][q] else None
+                     for q in ("p50", "p99")}
+            row["forecast_ratio"] = {**ratio, "goal": FORECAST_GOAL,
+                                     "met": all(v is not None and v <= FORECAST_GOAL for v in ratio.values())}
             result["sizes"].append(row)
     result["verdict"] = {
         str(r["deployments"]): {"tick_p99_ms": r["tick_ms"]["p99"], "target_ms": r["target_ms"], "met": r["target_met"]}
@@ -314,15 +350,19 @@ def table_rows(result: dict[str, Any]) -> list[tuple[str, ...]]:
         target = r.get("target_ms")
         verdict = "-" if target is None else (f"met (< {target:g} ms)" if r["target_met"]
                                               else f"MISSED x{r['target_ratio']:.2f} of {target:g} ms")
+        fr = r.get("forecast_ratio") or {}
+        ratio = "-" if not fr else f"{fr['p50']:.2f} / {fr['p99']:.2f}" + ("" if fr["met"] else " (MISSED)")
         rows.append((f"{r['deployments']:,}", f"{r['instances']:,}", _f(r["tick_ms"]["p50"]), _f(r["tick_ms"]["p99"]),
-                     _f(r["facts_ms"]["p50"]), _f(r["plan_ms"]["p50"]), _f(r["filter_ms"]["p50"]),
+                     _f(r.get("reactive_tick_ms", {}).get("p50")), _f(r.get("reactive_tick_ms", {}).get("p99")), ratio,
+                     _f(r["facts_ms"]["p50"]), _f(r["plan_ms"]["p50"]), _f(r["forecast_ms"]["p50"]),
+                     _f(r["forecast_ms"]["max"]), _f(r["filter_ms"]["p50"]),
                      _f(r["full_ms"]["p50"]), _f(r["full_ms"]["p99"]), _f(mem.get("held_mib")),
                      _f(mem.get("tick_peak_extra_mib")), verdict))
     return rows
 
 
-HEADERS = ("deployments", "instances", "tick p50 (ms)", "tick p99 (ms)", "facts p50", "plan p50",
-           "filter p50", "full p50", "full p99", "memory held (MiB)", "tick peak extra (MiB)", "target")
+HEADERS = ("deployments", "instances", "tick p50 (ms)", "tick p99 (ms)", "reactive p50", "reactive p99",
+           "x reactive p50 / p99", "facts p50", "plan p50", "forecast p50", "forecast max", "filter p50", "full p50", "full p99", "memory held (MiB)", "tick peak extra (MiB)", "target")
 
 
 def render_markdown(result: dict[str, Any]) -> str:

@@ -49,6 +49,7 @@ finalizer.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -58,7 +59,8 @@ from controlplane.core import model_cache, placement, preemption, room, scaling
 from controlplane.core.allocator import AllocationRequest, Allocator, bound_placer
 from controlplane.core.signals import FilteredSignals
 from controlplane.domain import commands as c
-from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId, PoolId, instance_prefix
+from controlplane.domain.demand import Forecast
+from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId, PoolId, TenantId, instance_prefix
 from controlplane.domain.instances import (
     SERVING_STATES,
     TERMINAL_STATES,
@@ -194,6 +196,10 @@ class LiveDecision:
     """The filtered signal values the decision read (:func:`signal_values`)."""
     warm_pool: int = 0
     """Warm-pool instances granted."""
+    forecast: Forecast | None = None
+    """The demand forecast the decision read (None: none computed; ``usable`` False: not used)."""
+    reactive: int | None = None
+    """The target before the forecast raised it (``ScaleDecision.reactive``)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -408,8 +414,10 @@ def plan(
     loads: Mapping[InstanceId, float],
     now_ms: int,
     cfg: ReconcileConfig,
+    forecasts: Mapping[DeploymentId, Forecast] | None = None,
 ) -> Plan:
-    """Decide one tick. Pure: reads ``state``, returns the commands to commit."""
+    """Decide one tick. Pure: reads ``state`` (and the ``forecasts`` computed outside the core from
+    its replicated demand history), returns the commands to commit."""
     evacuating = frozenset(cid for cid, cl in state.clusters.items() if placement.evacuating(cl, state.zones))
     tick = _Tick(
         state, now_ms, cfg, _Breakers(state.breakers),
@@ -421,7 +429,9 @@ def plan(
     if cfg.decider is not None:
         decisions = {d.id: cfg.decider(state, d, signal_of(d.id), now_ms) for d in deployments}
     else:
-        decisions = _decide_all(state, deployments, signal_of, now_ms)
+        decisions = _decide_all(state, deployments, signal_of, now_ms, forecasts or _NO_FORECASTS)
+        if forecasts:
+            decisions = _ahead_within_quota(state, deployments, decisions)
     # One counting pass over each deployment's instances serves the demand and tells converge which
     # deployments are steady (the state is not changed while planning).
     counts = {d.id: _scan(state, d.id, loads, evacuating) for d in deployments}
@@ -563,8 +573,12 @@ def current_replicas(state: ControlState, d: Deployment) -> int:
     return desired.replicas if desired is not None else d.min_replicas
 
 
+_NO_FORECASTS: Mapping[DeploymentId, Forecast] = {}
+
+
 def decide(
-    d: Deployment, state: ControlState, sig: FilteredSignals | None, memory: ScaleMemory, current: int, now_ms: int
+    d: Deployment, state: ControlState, sig: FilteredSignals | None, memory: ScaleMemory, current: int, now_ms: int,
+    forecast: Forecast | None = None,
 ) -> scaling.ScaleDecision:
     """The scaling decision of ``d`` (a deployment being deleted: 0 replicas, no warm pool)."""
     if d.deleting:
@@ -576,7 +590,7 @@ def decide(
         )
     profile = PROFILES.get(d.model)  # None: no token signal, the others still apply
     tenant = state.tenants.get(d.tenant)  # None only for a dry run naming an unknown tenant
-    return scaling.decide(d, profile, tenant.slo if tenant else Slo(), sig, memory, current, now_ms)
+    return scaling.decide(d, profile, tenant.slo if tenant else Slo(), sig, memory, current, now_ms, forecast)
 
 
 def _decide(state: ControlState, d: Deployment, sig: FilteredSignals | None, now_ms: int) -> scaling.ScaleDecision:
@@ -588,6 +602,7 @@ def _decide_all(
     deployments: Sequence[Deployment],
     signal_of: Callable[[DeploymentId], FilteredSignals | None],
     now_ms: int,
+    forecasts: Mapping[DeploymentId, Forecast],
 ) -> dict[DeploymentId, scaling.ScaleDecision]:
     """:func:`_decide` for each deployment, in order, with its lookups inlined (one call per
     deployment into ``scaling.decide`` instead of three frames: this runs 40,000 times a second at
@@ -595,6 +610,7 @@ def _decide_all(
     out: dict[DeploymentId, scaling.ScaleDecision] = {}
     memory_of, desired_of, tenant_of, profile_of = state.memory.get, state.desired.get, state.tenants.get, PROFILES.get
     scale = scaling.decide
+    forecast_of = forecasts.get
     no_slo: Slo | None = None
     for d in deployments:
         did = d.id
@@ -609,7 +625,7 @@ def _decide_all(
             slo = tenant.slo
         else:
             slo = no_slo = no_slo or Slo()
-        out[did] = scale(d, profile_of(d.model), slo, signal_of(did), memory, current, now_ms)
+        out[did] = scale(d, profile_of(d.model), slo, signal_of(did), memory, current, now_ms, forecast_of(did))
     return out
 
 
@@ -678,6 +694,41 @@ def _healthy_capacity(state: ControlState, breakers: _Breakers, now_ms: int) -> 
     return cap
 
 
+def _ahead_within_quota(
+    state: ControlState, deployments: Sequence[Deployment], decisions: dict[DeploymentId, scaling.ScaleDecision]
+) -> dict[DeploymentId, scaling.ScaleDecision]:
+    """Forecast raises (``target - reactive``) held within each tenant's quota per pool: a tenant's
+    targets together may exceed its quota only by what its present load asks for, never by
+    capacity held ahead of a forecast. Raises are kept in deployment order; the rest is dropped."""
+    raised = [d for d in deployments if (r := decisions[d.id].reactive) is not None and decisions[d.id].target > r]
+    if not raised:
+        return decisions
+    room: dict[tuple[TenantId, PoolId], int] = {}
+    for d in deployments:
+        dec = decisions[d.id]
+        key = (d.tenant, d.pool)
+        if key not in room:
+            t = state.tenants.get(d.tenant)
+            room[key] = t.quota_in(d.pool) if t is not None else 0
+        base = dec.reactive if dec.reactive is not None else dec.target
+        room[key] -= base * d.gpus_per_instance
+    out = dict(decisions)
+    for d in raised:
+        dec = decisions[d.id]
+        key = (d.tenant, d.pool)
+        assert dec.reactive is not None
+        extra = dec.target - dec.reactive
+        fits = max(0, room[key]) // d.gpus_per_instance
+        keep = min(extra, fits)
+        room[key] -= keep * d.gpus_per_instance
+        if keep < extra:
+            target = dec.reactive + keep
+            note = (f"; forecast raise held at {target} (tenant {d.tenant}'s {d.pool} quota leaves room for {keep} "
+                    f"of {extra} ahead of demand)")
+            out[d.id] = dataclasses.replace(dec, target=target, message=dec.message + note)
+    return out
+
+
 def _warm_grants(
     state: ControlState,
     deployments: Sequence[Deployment],
@@ -686,7 +737,9 @@ def _warm_grants(
     breakers: _Breakers,
     now_ms: int,
 ) -> dict[DeploymentId, int]:
-    """Warm pools come out of the capacity left after every serving grant, by tenant priority."""
+    """Warm pools come out of the capacity left after every serving grant, by tenant priority, and
+    within what the tenant may hold (quota + borrow limit, minus its serving grants): a Standby
+    instance holds GPUs like a serving one, so a warm pool never takes a tenant past its limit."""
     warm: dict[DeploymentId, int] = dict.fromkeys([d.id for d in deployments], 0)
     # A deployment that asks for no warm pool gets 0 and leaves ``left`` as it is, wherever it
     # stands in the order: only the others are ordered and sized (usually none).
@@ -695,14 +748,22 @@ def _warm_grants(
         return warm
     left = _healthy_capacity(state, breakers, now_ms)
     grants = allocation.grants
+    tenant_left: dict[tuple[TenantId, PoolId], int] = {}
     for d in deployments:
         g = grants.get(d.id)
-        left[d.pool] = left.get(d.pool, 0) - (g.replicas if g else 0) * d.gpus_per_instance
+        used = (g.replicas if g else 0) * d.gpus_per_instance
+        left[d.pool] = left.get(d.pool, 0) - used
+        key = (d.tenant, d.pool)
+        if key not in tenant_left:
+            tenant_left[key] = state.tenants[d.tenant].ceiling_in(d.pool)
+        tenant_left[key] -= used
     order = sorted(wanting, key=lambda d: (-state.tenants[d.tenant].priority, d.tenant, d.id))
     for d in order:
-        fits = max(0, left.get(d.pool, 0)) // d.gpus_per_instance
+        key = (d.tenant, d.pool)
+        fits = max(0, min(left.get(d.pool, 0), tenant_left[key])) // d.gpus_per_instance
         warm[d.id] = min(decisions[d.id].warm_pool, fits)
         left[d.pool] = left.get(d.pool, 0) - warm[d.id] * d.gpus_per_instance
+        tenant_left[key] -= warm[d.id] * d.gpus_per_instance
     return warm
 
 
@@ -920,6 +981,6 @@ def live_decisions(
         out[did] = LiveDecision(
             at_ms=now_ms, current=current_replicas(state, d), target=dec.target, granted=granted,
             reason=dec.reason.value, message=dec.message, proposals=dict(dec.proposals), panic=dec.panic,
-            signals=signal_values(signals.get(did)), warm_pool=warm,
+            signals=signal_values(signals.get(did)), warm_pool=warm, forecast=dec.forecast, reactive=dec.reactive,
         )
     return out

@@ -65,8 +65,32 @@ recommendation counts for at least the window (and less than a second longer) an
 at most ``ceil(window / 1 s) + 1`` entries. The recommendation stored is the stable path's (stage 1
 without panic), also during a panic, so the window reflects the load when the panic ends.
 
-Warm pool: ``min(deployment.warm_pool, max_replicas - target)``, never negative; 0 for an engine that
-cannot sleep (DeepSpeed-MII, ``domain.start_tiers.can_sleep``).
+**Forecast** (issue 16; ``forecast`` passed in as a value, see :mod:`controlplane.domain.demand`).
+Without one, or with one that is not ``usable``, the decision is the reactive pipeline above. With
+a usable one:
+
+6. ahead     target = max(target, ceil(need)), at most max_replicas, where need is
+             ``forecast.ready`` when a Standby instance's wake fits the TTFT SLO
+             (:func:`wake_fits`: wake + 0.5 s <= SLO), so the capacity the next wake horizon may
+             need serves already and the rest may sleep; otherwise ``forecast.total``: everything
+             the restart horizon may need serves (a 70B model waking in 4 s cannot catch a burst's
+             first requests within a 2 s SLO, and DeepSpeed-MII cannot sleep)      FORECAST
+   The raise is speculative capacity: the planner keeps it within the tenant's guaranteed quota
+   (what the raise would add beyond it is dropped), so a forecast never holds borrowed GPUs that
+   another tenant's present load could use.
+   The stabilization window of stage 2 is the restart horizon (at least 60 s) instead of
+   ``scale_down_stabilization_ms``: what the long window held "in case the next burst comes" the
+   forecast now holds, sized from the bursts actually seen.
+
+Warm pool: ``deployment.warm_pool``, raised to ``ceil(forecast.total) - target`` with a usable
+forecast whose wake fits the SLO, within ``max_replicas - target``, never negative; 0 for an engine
+that cannot sleep (DeepSpeed-MII). Instances beyond the serving target that the restart horizon may
+need are so put to sleep instead of terminated (``reconcile``), and capacity the restart horizon may
+need is started one restart ahead.
+
+``ScaleDecision.demand`` is what the replicated demand history records for this tick: the stable
+``tokens`` demand (the work rate), or the concurrency where the engine reports no token rates; never
+TTFT or the queue (both are feedback, see :func:`_load_demand`).
 
 Compared with the baselines (``BENCHMARKS.md`` B): the HPA needs 15 s for a first decision and
 doubles at most per 15 s; Knative's panic reacts to a 6 s average every 2 s. Here a burst moves the
@@ -85,9 +109,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from controlplane.core.signals import FilteredSignals
+from controlplane.domain.demand import Forecast
 from controlplane.domain.profiles import ModelProfile
 from controlplane.domain.records import ScaleMemory
-from controlplane.domain.start_tiers import can_sleep
 from controlplane.domain.tenants import Deployment, ScalingPolicy, Slo
 
 REC_BUCKET_MS = 1_000
@@ -108,6 +132,8 @@ class ScaleReason(enum.Enum):
     AT_MIN = "at_min"
     AT_MAX = "at_max"
     SCALE_FROM_ZERO = "scale_from_zero"
+    FORECAST = "forecast"
+    """Raised ahead of demand to what the forecast says the next wake horizon may need."""
     DELETING = "deleting"
     """Set by the planner, not by :func:`decide`: the deployment is being deleted (target 0)."""
 
@@ -128,6 +154,14 @@ class ScaleDecision:
     """Per signal, the replica count its stable value asks for."""
     panic: bool = False
     """True while the deployment is in panic mode (this decision included)."""
+    demand: float | None = None
+    """The load of this tick in replicas, what the demand history records (:func:`_load_demand`);
+    None without signal samples."""
+    forecast: Forecast | None = None
+    """The forecast the decision read (usable or not), for ``explain``."""
+    reactive: int | None = None
+    """The target before the forecast raised it (stage 6); None: the same as ``target``. The
+    planner holds a raise within the tenant's quota (``reconcile``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,7 +341,7 @@ def _base(
     return _Stage(rec, reason, (note,))
 
 
-def _stabilize(policy: ScalingPolicy, stage: _Stage, recs: tuple[tuple[int, int], ...], current: int) -> _Stage:
+def _stabilize(window_ms: int, stage: _Stage, recs: tuple[tuple[int, int], ...], current: int) -> _Stage:
     if stage.target >= current or not recs:
         return stage
     highest = max(stage.target, recs[0][1])
@@ -316,7 +350,7 @@ def _stabilize(policy: ScalingPolicy, stage: _Stage, recs: tuple[tuple[int, int]
     held = min(highest, current)
     note = (
         f"scale-down held at {held}: highest recommendation in the last "
-        f"{policy.scale_down_stabilization_ms}ms is {highest} (raw {stage.target})"
+        f"{window_ms}ms is {highest} (raw {stage.target})"
     )
     return _Stage(held, ScaleReason.STABILIZED, stage.notes + (note,))
 
@@ -352,18 +386,72 @@ def _clamp(deployment: Deployment, stage: _Stage) -> _Stage:
     return stage
 
 
-def _warm_pool(deployment: Deployment, target: int) -> int:
-    if not can_sleep(deployment.engine):
-        return 0  # DeepSpeed-MII has no sleep: no Standby for it (``apply`` refuses to put one to sleep)
-    return max(0, min(deployment.warm_pool, deployment.max_replicas - target))
+def _load_demand(proposals: Mapping[str, float]) -> float:
+    """What the demand history records: the work rate (``tokens``) when the engine reports it, else
+    the concurrency. Not the queue: requests waiting because capacity was short are a consequence of
+    the provisioning, and a forecast learned from them would provision for its own backlog (a
+    positive feedback loop: on the Azure code trace with a 60 s window, recording the concurrency
+    held 37 GPU-hours where recording the work rate held 21)."""
+    tokens = proposals.get("tokens")
+    return tokens if tokens is not None else proposals.get("concurrency", 0.0)
 
 
-def _no_data(deployment: Deployment, memory: ScaleMemory, current: int) -> ScaleDecision:
+FORECAST_MIN_WINDOW_MS = 60_000
+"""Shortest stabilization window with a usable forecast (module doc, stage 6)."""
+
+
+WAKE_REACTION_MS = 500
+"""Time from a burst's first requests to a wake command reaching the engine: one or two 250 ms ticks."""
+
+
+def wake_fits(deployment: Deployment, slo: Slo, forecast: Forecast) -> bool:
+    """A Standby instance may stand in for a serving one when its wake (plus one reaction) fits in
+    the TTFT SLO: a burst's first requests then wait for it and still meet the SLO. A 70B model
+    waking in 4 s against a 2 s SLO does not; an 8B one waking in 1 s does."""
+    return deployment.engine.can_sleep and 0 < forecast.wake_ms <= slo.ttft_p99_ms - WAKE_REACTION_MS
+
+
+def _warm_pool(deployment: Deployment, slo: Slo, target: int, forecast: Forecast | None = None) -> int:
+    if not deployment.engine.can_sleep:
+        return 0
+    want = deployment.warm_pool
+    if forecast is not None and wake_fits(deployment, slo, forecast):
+        want = max(want, _ceil(forecast.total) - target)
+    return max(0, min(want, deployment.max_replicas - target))
+
+
+def _ahead(deployment: Deployment, slo: Slo, stage: _Stage, forecast: Forecast, current: int) -> _Stage:
+    fits = wake_fits(deployment, slo, forecast)
+    need = forecast.ready if fits else forecast.total
+    want = min(_ceil(need), deployment.max_replicas)
+    tol = deployment.policy.tolerance
+    if current > 0 and current * (1.0 - tol) <= need <= current * (1.0 + tol):
+        # The tolerance band, as for the load: a forecast within it of the current count holds it
+        # (a quantile drifting across an integer would otherwise flip it every bucket).
+        want = min(current, deployment.max_replicas)
+    if want <= stage.target:
+        return stage
+    if fits:
+        why = f"within its wake horizon ({forecast.wake_ms}ms; the rest of the restart horizon's need sleeps)"
+    elif deployment.engine.can_sleep:
+        why = (f"within its restart horizon ({forecast.restart_ms}ms), all serving: a wake of {forecast.wake_ms}ms "
+               f"does not fit the {slo.ttft_p99_ms}ms TTFT SLO")
+    else:
+        why = f"within its restart horizon ({forecast.restart_ms}ms), all serving: the engine cannot sleep"
+    note = f"forecast: demand may reach {need:.2f} {why} at p{forecast.quantile:g}: {stage.target} -> {want} ahead of demand"
+    return _Stage(want, ScaleReason.FORECAST, stage.notes + (note,))
+
+
+def _no_data(
+    deployment: Deployment, slo: Slo, memory: ScaleMemory, current: int, forecast: Forecast | None
+) -> ScaleDecision:
     target = min(max(current, deployment.min_replicas), deployment.max_replicas)
     message = f"no signal samples in the stable window; keeping {current} replicas"
     if target != current:
         message += f", clamped to {target} (bounds [{deployment.min_replicas}, {deployment.max_replicas}])"
-    return ScaleDecision(target, _warm_pool(deployment, target), memory, ScaleReason.NO_DATA, message)
+    usable = forecast if forecast is not None and forecast.usable else None
+    return ScaleDecision(target, _warm_pool(deployment, slo, target, usable), memory, ScaleReason.NO_DATA, message,
+                         forecast=forecast)
 
 
 def decide(
@@ -374,23 +462,32 @@ def decide(
     memory: ScaleMemory,
     current: int,
     now_ms: int,
+    forecast: Forecast | None = None,
 ) -> ScaleDecision:
     """The desired replica count and warm pool of ``deployment`` at ``now_ms`` (see the module doc)."""
     current = max(0, current)
     if signals is None or "concurrency" not in signals.stable:
-        return _no_data(deployment, memory, current)
+        return _no_data(deployment, slo, memory, current, forecast)
     policy = deployment.policy
+    usable = forecast if forecast is not None and forecast.usable else None
+    window = policy.scale_down_stabilization_ms
+    if usable is not None:
+        window = min(window, max(FORECAST_MIN_WINDOW_MS, usable.restart_ms))
     proposals = _stable_demand(policy, profile, slo, signals, current)
     stable = max(proposals.values())
     panic = _panic_state(policy, profile, signals, memory, current, now_ms)
     recommended = _recommend(policy, stable, current)
-    recs = push_rec(memory.recs, recommended[0], now_ms, policy.scale_down_stabilization_ms)
+    recs = push_rec(memory.recs, recommended[0], now_ms, window)
     stage = _base(policy, current, stable, recommended, panic)
-    stage = _stabilize(policy, stage, recs, current)
+    stage = _stabilize(window, stage, recs, current)
     stage = _cooldown(policy, stage, memory, current, now_ms)
     stage = _step(policy, stage, current)
     stage = _clamp(deployment, stage)
+    reactive = stage.target
+    if usable is not None:
+        stage = _ahead(deployment, slo, stage, usable, current)
     target = stage.target
+    recorded = _load_demand(proposals)
     next_memory = ScaleMemory(
         recs=recs,
         panic_until_ms=panic.until_ms,
@@ -405,10 +502,13 @@ def decide(
     )
     return ScaleDecision(
         target=target,
-        warm_pool=_warm_pool(deployment, target),
+        warm_pool=_warm_pool(deployment, slo, target, usable),
         memory=next_memory,
         reason=stage.reason,
         message=message,
         proposals={name: _ceil(value) for name, value in proposals.items()},
         panic=panic.active,
+        demand=recorded,
+        forecast=forecast,
+        reactive=reactive,
     )

@@ -17,11 +17,11 @@ from controlplane.domain.tenants import Deployment, Tenant
 from controlplane.domain.tokens import TokenRecord
 from controlplane.domain.topology import Cluster, Zone
 
-COMMAND_VERSION = 5
+COMMAND_VERSION = 6
 """Bumped when a command's fields change incompatibly or a command kind is added (3: ``PutScaleMemories``;
 4: ``max_per_tenant`` of ``PutDeployment`` and ``PutToken``; 5: a deployment id may be qualified,
-``<tenant>/<name>``, see :func:`~controlplane.domain.ids.deployment_id_problem`); the codec refuses unknown
-versions. 5 only widens what an id may be: every entry and snapshot written at 4 decodes to the same
+``<tenant>/<name>``, see :func:`~controlplane.domain.ids.deployment_id_problem`; 6: ``RecordDemand`` and
+``PutModelCache``, the snapshot's ``demand`` and ``model_caches`` tables); the codec refuses unknown versions. 5 only widens what an id may be: every entry and snapshot written at 4 decodes to the same
 value (its unqualified ids stay valid legacy ids), so the wire format (``CODEC_VERSION``) is unchanged;
 a build at 4 cannot decode an entry naming a qualified id, so a group is upgraded whole (docs/api.md
 "Deployment names")."""
@@ -162,6 +162,18 @@ class PutScaleMemories(Command):
 
 
 @dataclass(frozen=True, slots=True)
+class RecordDemand(Command):
+    """Every deployment's peak demand in the history bucket ending at ``end_ms``
+    (:mod:`controlplane.domain.demand`), as one command per bucket: ``(deployment id, deci-replicas)``
+    pairs. An entry naming a deployment that no longer exists is skipped (removed since the bucket
+    closed); a bucket not newer than a deployment's newest raises that bucket to the larger value."""
+
+    kind: ClassVar[str] = "record_demand"
+    end_ms: int
+    entries: tuple[tuple[DeploymentId, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class CreateInstance(Command):
     kind: ClassVar[str] = "create_instance"
     instance_id: InstanceId
@@ -222,6 +234,7 @@ COMMAND_TYPES: dict[str, type[Command]] = {
         SetDesired,
         PutScaleMemory,
         PutScaleMemories,
+        RecordDemand,
         CreateInstance,
         TransitionInstance,
         PutBreaker,

@@ -20,7 +20,7 @@ tier          what happens                                        held while wai
 ============  ==================================================  ================================
 
 DeepSpeed-MII has no sleep: it has no warm path but a node-cached restart (``cached``), so it never
-gets a Standby instance (:func:`can_sleep`; ``apply`` refuses to put one to sleep).
+gets a Standby instance (``Engine.can_sleep``; ``apply`` refuses to put one to sleep).
 
 Figures (all derived; the two that existed before the tiers are kept, so every published benchmark
 stays comparable):
@@ -128,13 +128,10 @@ def start_ms(profile: ModelProfile, tier: InitMethod) -> int:
     }[tier]
 
 
-def can_sleep(engine: Engine) -> bool:
-    """The engine has a sleep (so a Standby instance of it can exist): vLLM and Triton, not MII."""
-    return engine is not Engine.DEEPSPEED_MII
-
-
 def wake_tier(engine: Engine, level: int = VLLM_SLEEP_LEVEL) -> InitMethod | None:
     """The tier a wake of ``engine`` is (``level``: vLLM's sleep level); None: it cannot sleep."""
+    if not engine.can_sleep:
+        return None
     if engine is Engine.VLLM:
         return InitMethod.WARM if level == 1 else InitMethod.SLEEP_L2
     if engine is Engine.TRITON:
@@ -160,6 +157,6 @@ def restart_ms(profile: ModelProfile, cached: bool) -> int:
 
 __all__ = [
     "CACHE_READ_BYTES_PER_S", "IMAGE_PULL_MS", "NEW_POD_METHODS", "REMOTE_BYTES_PER_S", "SLEEP_LEVELS",
-    "VLLM_SLEEP_LEVEL", "StartTier", "StartTimes", "can_sleep", "new_pod_tier", "restart_ms", "start_ms",
+    "VLLM_SLEEP_LEVEL", "StartTier", "StartTimes", "new_pod_tier", "restart_ms", "start_ms",
     "times_of", "wake_ms", "wake_tier",
 ]

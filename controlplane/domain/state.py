@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from controlplane.domain import commands as c
+from controlplane.domain.demand import BUCKET_MS, MAX_DECI, DemandHistory, appended
 from controlplane.domain.errors import (
     AlreadyExists,
     Conflict,
@@ -35,7 +36,7 @@ from controlplane.domain.errors import (
 from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId, PoolId, TenantId, ZoneId, id_problem
 from controlplane.domain.instances import InitMethod, Instance, InstanceEvent, InstanceState, Transitioned, transition
 from controlplane.domain.records import EMPTY_MEMORY, BreakerRecord, ModelCacheRecord, ObjectMeta, ScaleMemory
-from controlplane.domain.start_tiers import can_sleep, new_pod_tier, wake_tier
+from controlplane.domain.start_tiers import new_pod_tier, wake_tier
 from controlplane.domain.tenants import Deployment, Tenant
 from controlplane.domain.tokens import Role, TokenRecord
 from controlplane.domain.topology import Cluster, Zone
@@ -94,6 +95,8 @@ class ControlState:
     instances: dict[InstanceId, Instance] = field(default_factory=dict)
     desired: dict[DeploymentId, Desired] = field(default_factory=dict)
     memory: dict[DeploymentId, ScaleMemory] = field(default_factory=dict)
+    demand: dict[DeploymentId, DemandHistory] = field(default_factory=dict)
+    """Recent peak demand per deployment (:mod:`controlplane.domain.demand`): what forecasts read."""
     breakers: dict[str, BreakerRecord] = field(default_factory=dict)
     zones: dict[ZoneId, Zone] = field(default_factory=dict)
     tokens: dict[str, TokenRecord] = field(default_factory=dict)
@@ -297,7 +300,7 @@ def _remove_deployment(state: ControlState, cmd: c.RemoveDeployment) -> tuple[Tr
     live = [i for i in state.instances_of(did) if not i.state.terminal]
     if live:
         raise Conflict(f"deployment {did!r} still has {len(live)} instances; scale it to 0 first")
-    for table in (state.deployments, state.desired, state.memory, state.by_deployment):
+    for table in (state.deployments, state.desired, state.memory, state.demand, state.by_deployment):
         table.pop(did, None)  # type: ignore[attr-defined]
     state.meta.pop(meta_key("deployment", did), None)
     return NO_TRANSITIONS
@@ -412,6 +415,24 @@ def _put_memories(state: ControlState, cmd: c.PutScaleMemories) -> tuple[Transit
     return NO_TRANSITIONS
 
 
+def _record_demand(state: ControlState, cmd: c.RecordDemand) -> tuple[Transitioned, ...]:
+    end = cmd.end_ms
+    if not isinstance(end, int) or isinstance(end, bool) or end < 0 or end % BUCKET_MS:
+        raise ValidationError("end_ms", f"must be a non-negative multiple of {BUCKET_MS}, got {end!r}")
+    entries = cmd.entries
+    if not isinstance(entries, tuple):
+        raise ValidationError("entries", f"must be a tuple, got {type(entries).__name__}")
+    for k, entry in enumerate(entries):
+        if not (isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], str)
+                and isinstance(entry[1], int) and not isinstance(entry[1], bool) and 0 <= entry[1] <= MAX_DECI):
+            raise ValidationError(f"entries[{k}]", f"must be a (deployment id, deci-replicas 0..{MAX_DECI}) pair")
+    deployments, demand = state.deployments, state.demand
+    for deployment_id, deci in entries:
+        if deployment_id in deployments:  # removed since the bucket closed: its history went with it
+            demand[deployment_id] = appended(demand.get(deployment_id), end, deci)
+    return NO_TRANSITIONS
+
+
 def _create_instance(state: ControlState, cmd: c.CreateInstance) -> tuple[Transitioned, ...]:
     problem = id_problem(cmd.instance_id)  # it becomes a pod name, and a key that snapshot() sorts
     if problem:
@@ -454,7 +475,7 @@ def _transition_instance(state: ControlState, cmd: c.TransitionInstance) -> tupl
     if inst is None:
         raise NotFound("instance", cmd.instance_id)
     d = state.deployments.get(inst.deployment)
-    if cmd.event is InstanceEvent.SLEEP and d is not None and not can_sleep(d.engine):
+    if cmd.event is InstanceEvent.SLEEP and d is not None and not d.engine.can_sleep:
         raise Conflict(f"instance {inst.id!r} runs {d.engine.value}, which has no sleep mode; drain it instead")
     new, rec = transition(
         inst, cmd.event, cmd.at_ms, drain_deadline_ms=cmd.drain_deadline_ms, preempted=cmd.preempted,
@@ -518,6 +539,7 @@ _HANDLERS: dict[type, Callable[[ControlState, object], tuple[Transitioned, ...]]
     c.SetDesired: _set_desired,
     c.PutScaleMemory: _put_memory,
     c.PutScaleMemories: _put_memories,
+    c.RecordDemand: _record_demand,
     c.CreateInstance: _create_instance,
     c.TransitionInstance: _transition_instance,
     c.PutBreaker: _put_breaker,
@@ -534,6 +556,7 @@ def snapshot(state: ControlState) -> dict[str, object]:
         "instances": dict(sorted(state.instances.items())),
         "desired": dict(sorted(state.desired.items())),
         "memory": dict(sorted(state.memory.items())),
+        "demand": dict(sorted(state.demand.items())),
         "breakers": dict(sorted(state.breakers.items())),
         "zones": dict(sorted(state.zones.items())),
         "tokens": dict(sorted(state.tokens.items())),

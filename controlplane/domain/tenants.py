@@ -95,6 +95,12 @@ class Engine(enum.Enum):
     TRITON = "triton"
     DEEPSPEED_MII = "deepspeed-mii"
 
+    @property
+    def can_sleep(self) -> bool:
+        """vLLM sleeps (``/sleep``) and Triton unloads its model (explicit model control); DeepSpeed-MII
+        has neither (CONTRACTS.md), so it gets no Standby instances: its warm path is a restart."""
+        return self is not Engine.DEEPSPEED_MII
+
 
 @dataclass(frozen=True, slots=True)
 class ScalingPolicy:

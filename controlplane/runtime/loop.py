@@ -40,7 +40,10 @@ from controlplane.domain.observations import (
     InstanceSample,
     Observations,
 )
+from controlplane.domain.demand import Forecast
 from controlplane.domain.state import ApplyResult, ControlState
+from controlplane.forecast.recorder import DemandRecorder
+from controlplane.forecast.service import Forecaster
 from controlplane.ports import (
     AdapterCommand,
     ClusterAdapter,
@@ -118,7 +121,12 @@ class ControlLoop:
         holder: str = "",
         act_delay_s: float = 0.0,
         signer: FenceIssuer | None = None,
+        forecaster: Forecaster | None = None,
     ) -> None:
+        """``forecaster``: demand forecasts for the decisions (docs/forecasting.md); with one, this
+        loop also records the replicated demand history they learn from. None: reactive only."""
+        self._forecaster = forecaster
+        self._recorder = DemandRecorder() if forecaster is not None else None
         self._holder = holder
         self._signer = signer
         """Signs (epoch, holder) with the coordinators' fence key; None: unsigned (dev adapters only)."""
@@ -226,14 +234,31 @@ class ControlLoop:
             self._failures = (failures + self._failures)[:MAX_PENDING_FAILURES]
             raise
         state = self._replicator.state  # a replicated state may be a copy: read it again
-        plan = reconcile.plan(state, filtered, loads, now_ms, self._cfg)  # decide
+        forecasts = self._forecasts(state, now_ms)
+        plan = reconcile.plan(state, filtered, loads, now_ms, self._cfg, forecasts)  # decide
         self.live_decisions = reconcile.live_decisions(plan, state, filtered, now_ms)  # before the commit
         before = {cmd.instance_id: state.instances.get(cmd.instance_id) for cmd in plan.commands
                   if isinstance(cmd, c.TransitionInstance)}
-        result = self._commit(plan.commands, now_ms)  # commit, then act
+        committed = plan.commands
+        if self._recorder is not None:
+            closed = self._recorder.observe(plan.decisions, now_ms)
+            if closed is not None:
+                committed = committed + (closed,)  # last: the adapter commands zip with plan.commands
+        result = self._commit(committed, now_ms)  # commit, then act
         outgoing = self._retries(state, now_ms) + self._adapter_commands(plan.commands, result, before, epoch)
         sent, failed = self._send(outgoing, epoch, now_ms)
         return TickReport(now_ms, True, plan, len(facts), sent, failed)
+
+    def _forecasts(self, state: ControlState, now_ms: int) -> Mapping[DeploymentId, Forecast] | None:
+        """This tick's forecasts (None without a forecaster). A forecaster that raises costs this
+        tick its forecasts, never the tick: the decisions are then reactive."""
+        if self._forecaster is None:
+            return None
+        try:
+            return self._forecaster.forecasts(state, now_ms)
+        except Exception as exc:
+            log.warning("forecast_failed", error=f"{type(exc).__name__}: {exc}")
+            return None
 
     def _hold(self, reports: Sequence[InstanceReport], now_ms: int) -> None:
         """Keep the reports of a tick that does not act (or whose facts did not commit) for the next

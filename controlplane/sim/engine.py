@@ -29,6 +29,7 @@ from controlplane.domain.observations import Observations
 from controlplane.domain.profiles import PROFILES
 from controlplane.domain.state import ControlState
 from controlplane.domain.tenants import Deployment
+from controlplane.forecast.service import Forecaster, HistoryForecaster
 from controlplane.runtime.loop import ControlLoop, TickReport
 from controlplane.runtime.replicator import LocalReplicator
 from controlplane.runtime.transitions import TransitionRecorder
@@ -89,6 +90,7 @@ class Simulation:
         policy: ReplicaPolicy | None = None,
         allocator: Allocator | None = None,
         observers: Sequence[SimObserver] = (),
+        forecaster: Forecaster | None | bool = True,
     ) -> None:
         """``policy``: a baseline autoscaler (:mod:`controlplane.sim.baselines`) that sets every
         deployment's replica target instead of ``core.scaling`` (None: this project's policy). The
@@ -97,7 +99,9 @@ class Simulation:
         (``ReconcileConfig.allocator``; e.g. :class:`controlplane.sim.kube.KubeScheduler`); None: the
         product's own.
         ``observers``: extra measurements fed every transition and every tick's report (the fleet
-        benchmark's :mod:`controlplane.sim.fleet_metrics`); they must not change the state."""
+        benchmark's :mod:`controlplane.sim.fleet_metrics`); they must not change the state.
+        ``forecaster``: the demand forecasts of this project's policy (True: the product default,
+        :class:`HistoryForecaster`; False or None: reactive only); ignored with a baseline ``policy``."""
         self.scenario = scenario
         self._observers = tuple(observers)
         self.seed = seed
@@ -141,8 +145,12 @@ class Simulation:
             preemption_grace_ms=spec.preemption_grace_ms,
             decider=self._decide_by_policy if policy is not None else None, allocator=allocator,
         )
+        if forecaster is True:
+            forecaster = HistoryForecaster()
+        self.forecaster = forecaster if policy is None and forecaster else None
         self.loop = ControlLoop(
             self.replicator, self.fleet, self._source, rng=random.Random(f"{seed}:control"), config=config,
+            forecaster=self.forecaster,
         )
         self._bootstrap(scenario)
         self._requests = self._load(workloads)
@@ -283,7 +291,10 @@ class Simulation:
                 if self._traffic is not None:
                     self._traffic.arrival(payload)
             handlers[kind](payload, now)
-        return self.collector.finish(self.end_ms, self.fleet, self.state, self.loop, self.seed, processed)
+        result = self.collector.finish(self.end_ms, self.fleet, self.state, self.loop, self.seed, processed)
+        if isinstance(self.forecaster, HistoryForecaster):
+            result.summary["forecast"] = self.forecaster.summary()
+        return result
 
     def _tick(self, now_ms: int) -> None:
         for d in self.scenario.deployments:

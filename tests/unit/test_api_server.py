@@ -365,6 +365,28 @@ def test_explain_shows_the_decisions_and_the_holder(group: Group) -> None:
     assert code_of(a.scaling.Explain, api_pb2.ExplainRequest(deployment="a/da", limit=-1)).code() is S.INVALID_ARGUMENT
 
 
+def test_explain_carries_the_holders_forecast(group: Group, monkeypatch: pytest.MonkeyPatch) -> None:
+    from controlplane.core.reconcile import LiveDecision
+    from controlplane.domain.demand import Forecast
+
+    core = group.co.api.core  # type: ignore[union-attr]
+    f = Forecast(1_700_000_000_000, 3.2, 7.5, 2.4, 1_000, 30_000, 0.9, 120, 0.184)
+    seen = LiveDecision(1_700_000_001_000, 1, 4, 4, "forecast", "m", {"concurrency": 1}, False, {}, 4, f)
+    monkeypatch.setattr(core.holder, "live_decision", lambda did: seen if did == "a/da" else None)
+    wait_until(core.holds_lease, 15.0, "the coordinator to hold the lease")
+    live = group.admin.scaling.Explain(api_pb2.ExplainRequest(deployment="a/da"), timeout=10).live
+    assert (live.reason, live.target, live.warm_pool) == ("forecast", 4, 4)
+    fc = live.forecast
+    assert fc.usable and (fc.ready, fc.total, fc.wake_ms, fc.restart_ms, fc.buckets) == (3.2, 7.5, 1_000, 30_000, 120)
+    assert fc.wake_fits  # da is a vLLM deployment; tenant a has the default 2 s TTFT SLO
+    seen = LiveDecision(1_700_000_001_000, 1, 1, 1, "stable", "", {}, False, {}, 1,
+                        Forecast(0, 0.0, 0.0, 0.0, 1_000, 30_000, 0.9, 3, None, False, "too little history"))
+    fc = group.admin.scaling.Explain(api_pb2.ExplainRequest(deployment="a/da"), timeout=10).live.forecast
+    assert not fc.usable and fc.note == "too little history" and not fc.HasField("mape")
+    seen = LiveDecision(1_700_000_001_000, 1, 1, 1, "stable", "", {}, False, {})
+    assert not group.admin.scaling.Explain(api_pb2.ExplainRequest(deployment="a/da"), timeout=10).live.HasField("forecast")
+
+
 def test_dry_run_writes_nothing(group: Group) -> None:
     pytest.importorskip("controlplane.core.dryrun")
     before = group.state_digest()

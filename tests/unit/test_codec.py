@@ -154,6 +154,9 @@ SINGLE: dict[str, st.SearchStrategy[Any]] = {
     "put_scale_memories": st.builds(
         c.PutScaleMemories, st.lists(st.tuples(texts, memories), max_size=4).map(tuple)
     ),
+    "record_demand": st.builds(
+        c.RecordDemand, int64, st.lists(st.tuples(texts, int64), max_size=4).map(tuple)
+    ),
     "create_instance": st.builds(c.CreateInstance, texts, texts, texts, int64),
     "transition_instance": st.builds(
         c.TransitionInstance, texts, st.sampled_from(InstanceEvent), int64, int64, st.booleans()
@@ -341,6 +344,11 @@ DEPLOYMENT = Deployment(DeploymentId("chat"), TenantId("acme"), Engine.VLLM, "ll
      "expected a string, got an integer"),
     (c.PutScaleMemories(((DeploymentId("d"), ScaleMemory(((1, "2"),))),)),
      "put_scale_memories.memories[0][1].recs[0][1]", "expected an integer, got a string"),
+    (c.RecordDemand(10_000, [("d", 1)]), "record_demand.entries", "expected a tuple, got a list"),
+    (c.RecordDemand(10_000, (("d", 1), ("e",))), "record_demand.entries[1]",
+     "expected a (deployment id, deci-replicas) pair, got a tuple"),
+    (c.RecordDemand(10_000, ((7, 1),)), "record_demand.entries[0][0]", "expected a string, got an integer"),
+    (c.RecordDemand(10_000, (("d", "1"),)), "record_demand.entries[0][1]", "expected an integer, got a string"),
     (c.PutBreaker("k", None), "put_breaker.record", "expected a BreakerRecord, got null"),
     (c.PutBreaker("k", BreakerRecord(phase="open")), "put_breaker.record.phase", "expected a BreakerPhase"),
     (c.Batch([c.RemoveTenant(TenantId("a"))]), "batch.commands", "expected a tuple, got a list"),
@@ -703,6 +711,8 @@ STATE_COMMANDS = st.one_of(  # creates first: Hypothesis leans towards the first
               st.sampled_from(CIDS), st.sampled_from(["z1", "z2"])),
     st.builds(c.SetDesired, st.sampled_from(DIDS), st.integers(0, 6), st.integers(0, 2), texts, times),
     st.builds(c.PutScaleMemory, st.sampled_from(DIDS), memories),
+    st.builds(lambda b, e: c.RecordDemand(b * 10_000, tuple(e)), st.integers(0, 400),
+              st.lists(st.tuples(st.sampled_from(DIDS), st.integers(0, 65_535)), max_size=3)),
     st.builds(c.PutBreaker, st.sampled_from(["cluster/c1", "adapter/c2", "x"]), breakers),
     st.builds(lambda cid, m, t: c.PutModelCache(cid, ModelCacheRecord(m, t)), st.sampled_from(CIDS),
               st.sampled_from([(), ("m",), ("a", "m")]), times),
@@ -757,8 +767,8 @@ def ordered_view(state: ControlState) -> tuple[Any, ...]:
     return (
         snapshot(state),
         [list(t.items()) for t in (state.tenants, state.deployments, state.clusters, state.instances,
-                                   state.desired, state.memory, state.breakers, state.zones, state.tokens,
-                                   state.meta)],
+                                   state.desired, state.memory, state.demand, state.breakers, state.zones,
+                                   state.tokens, state.meta)],
         [(d, list(ids)) for d, ids in state.by_deployment.items()],
         list(state.gpus_used.items()),
         state.applied,
@@ -827,6 +837,8 @@ def built_state() -> ControlState:
         c.SetDesired(DeploymentId("zeta"), 1, 0, "r", 10),
         c.SetDesired(DeploymentId("alpha"), 2, 1, "r", 11),
         c.PutScaleMemory(DeploymentId("alpha"), ScaleMemory(((1_000, 3),), 0, 3, 5, -1)),
+        c.RecordDemand(20_000, ((DeploymentId("zeta"), 12), (DeploymentId("alpha"), 65_535))),
+        c.RecordDemand(50_000, ((DeploymentId("zeta"), 3),)),  # two empty buckets in between
         c.PutBreaker("z", BreakerRecord(BreakerPhase.OPEN, 3, 1, 9_000)),
         c.PutBreaker("a", BreakerRecord()),
         c.PutModelCache(ClusterId("c2"), ModelCacheRecord(("m", "n"), 11)),
@@ -841,16 +853,14 @@ def built_state() -> ControlState:
     return state
 
 
-def test_model_caches_round_trip_and_are_left_out_when_empty() -> None:
+def test_model_caches_round_trip_and_a_snapshot_without_them_decodes() -> None:
     state = built_state()
     restored, _ = check_restored(state, LeaseRecord("n1", 7, 3, 3_000))
     assert restored.model_caches == {"c2": ModelCacheRecord(("m", "n"), 11)}
-    # A snapshot of a state without model caches has no such key: the bytes of older snapshots stay
-    # the same, and one written before the caches existed decodes to empty caches.
-    state.model_caches.clear()
-    data = encode_state(state, LeaseRecord())
-    assert b"model_caches" not in data
-    assert decode_state(data)[0].model_caches == {}
+    # A snapshot written before the caches existed (COMMAND_VERSION 5) has no such key: empty caches.
+    doc = json.loads(encode_state(state, LeaseRecord()))
+    del doc["f"]["model_caches"]
+    assert decode_state(dumps(doc))[0].model_caches == {}
 
 
 def test_state_snapshot_keeps_history_in_the_indexes() -> None:
@@ -909,6 +919,10 @@ def edit_state(path: str, value: Any = ..., *, delete: bool = False) -> bytes:
     (lambda: edit_state("f/desired/0/1/generation", "1"), "state.desired[0].generation", "expected an integer"),
     (lambda: edit_state("f/memory/0/1/recs", [[1]]), "state.memory[0].recs[0]", "expected a pair of integers"),
     (lambda: edit_state("f/breakers/0/1/phase", "ajar"), "state.breakers[0].phase", "unknown BreakerPhase value"),
+    (lambda: edit_state("f/demand/0/1/data", "0G"), "state.demand[0].data", "expected an even number of lowercase hex"),
+    (lambda: edit_state("f/demand/0/1/data", "ABCD"), "state.demand[0].data", "expected an even number of lowercase hex"),
+    (lambda: edit_state("f/demand/0/1/data", "00" * 721), "state.demand[0].data", "at most 360 little-endian uint16"),
+    (lambda: edit_state("f/demand/0/1/end_ms", 12_345), "state.demand[0].end_ms", "integer multiple of 10000"),
     (lambda: edit_state("f/applied", "3"), "state.applied", "expected an integer, got a string"),
     (lambda: edit_state("f/lease/holder", 1), "state.lease.holder", "expected a string, got an integer"),
     (lambda: edit_state("f/lease/term", 1), "state.lease.term", "unknown field"),
@@ -932,7 +946,7 @@ def test_decode_state_rejects(payload: Any, path: str, problem: str) -> None:
 def test_the_state_document_is_as_described() -> None:
     doc = state_doc()
     assert (doc["v"], doc["k"]) == (CODEC_VERSION, "snapshot")
-    assert set(doc["f"]) == {"tenants", "deployments", "clusters", "instances", "desired", "memory", "breakers",
+    assert set(doc["f"]) == {"tenants", "deployments", "clusters", "instances", "desired", "memory", "demand", "breakers",
                              "zones", "tokens", "meta", "applied", "gpus_used_keys", "lease", "model_caches"}
     assert doc["f"]["model_caches"] == [["c2", {"models": ["m", "n"], "at_ms": 11}]]
     assert [t["id"] for t in doc["f"]["clusters"]] == ["c2", "c1"]  # insertion order, not sorted
@@ -986,3 +1000,14 @@ def test_terminal_instances_in_a_snapshot_hold_no_gpus() -> None:
     assert state.instances["a1"].state is S.TERMINATED
     assert list(state.by_deployment["zeta"]) == ["a1"]
     assert state.gpus_used == {("c1", "h100"): 0, ("c2", "a100"): 2, ("c2", "h100"): 0}
+
+
+def test_snapshot_written_before_the_demand_table_reads_as_empty_history() -> None:
+    """COMMAND_VERSION 5 snapshots had no ``demand`` table: they still decode, with no history."""
+    doc = json.loads(encode_state(built_state(), LeaseRecord()))
+    assert doc["f"]["demand"]  # built_state records some
+    del doc["f"]["demand"]
+    old = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+    restored, _ = decode_state(old)
+    assert restored.demand == {}
+    assert snapshot(restored) == {**snapshot(built_state()), "demand": {}}

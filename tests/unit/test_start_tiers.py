@@ -61,7 +61,7 @@ def test_cold_adds_the_image_pull_and_the_download_of_the_weights() -> None:
 ])  # fmt: skip
 def test_wake_tier_per_engine(engine: Engine, level: int, tier: InitMethod | None) -> None:
     assert st.wake_tier(engine, level) is tier
-    assert st.can_sleep(engine) is (tier is not None)
+    assert engine.can_sleep is (tier is not None)
     p = PROFILES["llama3-8b-h100"]
     assert st.wake_ms(p, engine, level) == (None if tier is None else st.start_ms(p, tier))
 

@@ -22,7 +22,7 @@ from tests.conftest import REPO
 
 BEFORE_RAFT = ("controlplane.cli.main", "controlplane.config", "controlplane.member")
 NOT_BEFORE_RAFT = ("structlog", "rich", "grpc", "prometheus_client", "google.protobuf", "controlplane.coordinator",
-                   "controlplane.api.server", "controlplane.runtime.loop", "adapters.client")
+                   "controlplane.api.server", "controlplane.runtime.loop", "adapters.client", "numpy")
 NEVER = ("kubernetes", "matplotlib", "adapters.service", "adapters.kube", "controlplane.sim", "controlplane.cli.demo")
 
 

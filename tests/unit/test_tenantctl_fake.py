@@ -35,6 +35,8 @@ class Store:
     events: list[api_pb2.Event] = field(default_factory=list)
     calls: list[str] = field(default_factory=list)
     """Every method called (on any endpoint), in order."""
+    live: api_pb2.LiveDecision | None = None
+    """What ``Explain`` answers as the live decision (None: a fixed scale-up without a forecast)."""
 
     def bump(self) -> int:
         self.revision += 1
@@ -327,8 +329,9 @@ class _Scaling(_Base, api_pb2_grpc.ScalingServicer):
             deployment=d.metadata.name, tenant=d.spec.tenant, desired_replicas=3, desired_warm_pool=1,
             history=[api_pb2.Decision(revision=7, at_ms=1_700_000_000_000, replicas=3, warm_pool=1, reason="scale_up",
                                       message="concurrency 70 / 24 per replica")],
-            live=api_pb2.LiveDecision(at_ms=1_700_000_001_000, current=2, target=3, granted=3, reason="scale_up",
-                                      proposals={"concurrency": 3}, signals={"concurrency": 70.0}),
+            live=self.store.live or api_pb2.LiveDecision(
+                at_ms=1_700_000_001_000, current=2, target=3, granted=3, reason="scale_up",
+                proposals={"concurrency": 3}, signals={"concurrency": 70.0}),
             lease_holder="n1")
 
     def DryRun(self, request, context):

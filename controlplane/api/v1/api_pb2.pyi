@@ -434,7 +434,7 @@ class Decision(_message.Message):
     def __init__(self, revision: _Optional[int] = ..., at_ms: _Optional[int] = ..., replicas: _Optional[int] = ..., warm_pool: _Optional[int] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class LiveDecision(_message.Message):
-    __slots__ = ("at_ms", "current", "target", "granted", "reason", "message", "proposals", "panic", "signals")
+    __slots__ = ("at_ms", "current", "target", "granted", "reason", "message", "proposals", "panic", "signals", "warm_pool", "target_before_forecast", "forecast")
     class ProposalsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -458,6 +458,9 @@ class LiveDecision(_message.Message):
     PROPOSALS_FIELD_NUMBER: _ClassVar[int]
     PANIC_FIELD_NUMBER: _ClassVar[int]
     SIGNALS_FIELD_NUMBER: _ClassVar[int]
+    WARM_POOL_FIELD_NUMBER: _ClassVar[int]
+    TARGET_BEFORE_FORECAST_FIELD_NUMBER: _ClassVar[int]
+    FORECAST_FIELD_NUMBER: _ClassVar[int]
     at_ms: int
     current: int
     target: int
@@ -467,7 +470,40 @@ class LiveDecision(_message.Message):
     proposals: _containers.ScalarMap[str, int]
     panic: bool
     signals: _containers.ScalarMap[str, float]
-    def __init__(self, at_ms: _Optional[int] = ..., current: _Optional[int] = ..., target: _Optional[int] = ..., granted: _Optional[int] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., proposals: _Optional[_Mapping[str, int]] = ..., panic: _Optional[bool] = ..., signals: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    warm_pool: int
+    target_before_forecast: int
+    forecast: Forecast
+    def __init__(self, at_ms: _Optional[int] = ..., current: _Optional[int] = ..., target: _Optional[int] = ..., granted: _Optional[int] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., proposals: _Optional[_Mapping[str, int]] = ..., panic: _Optional[bool] = ..., signals: _Optional[_Mapping[str, float]] = ..., warm_pool: _Optional[int] = ..., target_before_forecast: _Optional[int] = ..., forecast: _Optional[_Union[Forecast, _Mapping]] = ...) -> None: ...
+
+class Forecast(_message.Message):
+    __slots__ = ("usable", "note", "ready", "total", "expected", "wake_ms", "restart_ms", "quantile", "buckets", "bucket_ms", "mape", "at_ms", "wake_fits")
+    USABLE_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_FIELD_NUMBER: _ClassVar[int]
+    WAKE_MS_FIELD_NUMBER: _ClassVar[int]
+    RESTART_MS_FIELD_NUMBER: _ClassVar[int]
+    QUANTILE_FIELD_NUMBER: _ClassVar[int]
+    BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_MS_FIELD_NUMBER: _ClassVar[int]
+    MAPE_FIELD_NUMBER: _ClassVar[int]
+    AT_MS_FIELD_NUMBER: _ClassVar[int]
+    WAKE_FITS_FIELD_NUMBER: _ClassVar[int]
+    usable: bool
+    note: str
+    ready: float
+    total: float
+    expected: float
+    wake_ms: int
+    restart_ms: int
+    quantile: float
+    buckets: int
+    bucket_ms: int
+    mape: float
+    at_ms: int
+    wake_fits: bool
+    def __init__(self, usable: _Optional[bool] = ..., note: _Optional[str] = ..., ready: _Optional[float] = ..., total: _Optional[float] = ..., expected: _Optional[float] = ..., wake_ms: _Optional[int] = ..., restart_ms: _Optional[int] = ..., quantile: _Optional[float] = ..., buckets: _Optional[int] = ..., bucket_ms: _Optional[int] = ..., mape: _Optional[float] = ..., at_ms: _Optional[int] = ..., wake_fits: _Optional[bool] = ...) -> None: ...
 
 class ExplainRequest(_message.Message):
     __slots__ = ("deployment", "limit")

@@ -753,8 +753,10 @@ def _print_explain(s: Session, exp: api_pb2.Explanation) -> None:
         lv = exp.live
         s.console.print(Text(f"Live evaluation ({render.clock(lv.at_ms)}):", style="bold"))
         _kv(s, "current", lv.current, 2)
-        _kv(s, "target", f"{lv.target} (policy)", 2)
+        load = f"; the load alone asks for {lv.target_before_forecast}" if lv.HasField("target_before_forecast") else ""
+        _kv(s, "target", f"{lv.target} (policy{load})", 2)
         _kv(s, "granted", f"{lv.granted} (quotas, priorities, capacity)", 2)
+        _kv(s, "warm pool", f"{lv.warm_pool} Standby granted", 2)
         _kv(s, "reason", lv.reason or "-", 2)
         if lv.message:
             _kv(s, "message", lv.message, 2)
@@ -764,6 +766,12 @@ def _print_explain(s: Session, exp: api_pb2.Explanation) -> None:
                      str(lv.proposals[k]) if k in lv.proposals else "-"]
                     for k in sorted(set(lv.proposals) | set(lv.signals))]
             s.console.print(render.make_table(["  SIGNAL", "VALUE", "REPLICAS ASKED"], rows))
+        if lv.HasField("forecast"):
+            s.console.print(Text(f"Forecast (history to {render.clock(lv.forecast.at_ms)}):", style="bold"))
+            for label, value in render.forecast_lines(lv):
+                _kv(s, label, value, 2)
+        else:
+            s.console.print(Text("Forecast: none computed (reactive scaling)"))
     else:
         s.console.print(Text("Live evaluation: (no lease holder could be asked)"))
     if exp.history:

@@ -198,3 +198,55 @@ def event_dict(e: api_pb2.Event) -> dict[str, Any]:
     from controlplane.api.manifests import plain
 
     return plain(e)
+
+
+# --------------------------------------------------------------------------------------------------
+# explain: the forecast block
+# --------------------------------------------------------------------------------------------------
+
+
+def seconds(ms: int) -> str:
+    """``1.5 s``, ``32 s``, ``20 min``; a start horizon or a history length."""
+    if ms >= 120_000 and ms % 60_000 == 0:
+        return f"{ms // 60_000} min"
+    return f"{ms / 1000:.3g} s" if ms < 100_000 else f"{ms // 1000} s"
+
+
+def forecast_lines(lv: api_pb2.LiveDecision) -> list[tuple[str, str]]:
+    """The ``(label, value)`` lines of ``explain``'s forecast block for a live decision that
+    carries one: whether it drove the decision, what it forecasts over which horizon, what it was
+    learned from, how good it was, and (reason ``forecast``) the capacity it started ahead of demand."""
+    f = lv.forecast
+    wake = f"wake horizon {seconds(f.wake_ms)}" if f.wake_ms else "no wake horizon: the engine cannot sleep"
+    restart = f"restart horizon {seconds(f.restart_ms)}"
+    out = [("status", "usable" if f.usable else f"not used, scaling is reactive: {f.note or 'no reason given'}")]
+    if f.usable:
+        if f.wake_ms:
+            out.append(("ready", f"{f.ready:.2f} replicas serving within the {wake}"))
+        out += [("total", f"{f.total:.2f} replicas serving or asleep within the {restart}"),
+                ("expected", f"{f.expected:.2f} replicas (median peak within the {restart})")]
+    if not f.usable or not f.wake_ms:
+        out.append(("horizons", f"{wake}; {restart}"))
+    out.append(("quantile", f"p{f.quantile * 100:g}"))
+    out.append(("history", f"{f.buckets} buckets x {seconds(f.bucket_ms)} ({seconds(f.buckets * f.bucket_ms)})"
+                if f.bucket_ms else f"{f.buckets} buckets"))
+    if f.HasField("mape"):
+        out.append(("MAPE", f"{f.mape * 100:.1f} %"))
+    if f.usable:
+        if f.wake_fits:
+            sleep = f"capacity beyond {f.ready:.2f} may sleep (a wake of {seconds(f.wake_ms)} fits the TTFT SLO)"
+        elif f.wake_ms:
+            sleep = f"all of it serves (a wake of {seconds(f.wake_ms)} does not fit the TTFT SLO)"
+        else:
+            sleep = "all of it serves (the engine cannot sleep)"
+        out.append(("warm path", sleep))
+    if lv.reason == "forecast":
+        asks = lv.target_before_forecast if lv.HasField("target_before_forecast") else None
+        standby = (f"; the warm pool holds {lv.warm_pool} Standby for the {restart}" if f.wake_fits
+                   else "; no Standby: everything the forecast needs serves")
+        if asks is not None and asks >= lv.target:
+            out.append(("ahead", f"none started: the tenant's quota held the forecast's raise (target stays {lv.target})"))
+        else:
+            raise_ = f"target {asks} -> {lv.target} (the load asks for {asks})" if asks is not None else f"target {lv.target}"
+            out.append(("ahead", f"capacity started ahead of demand: {raise_}{standby}"))
+    return out
