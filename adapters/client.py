@@ -33,7 +33,7 @@ from controlplane.api.channel import open_channel
 from controlplane.api.v1 import adapter_pb2, adapter_pb2_grpc
 from controlplane.config import is_loopback_address
 from controlplane.domain.errors import NotFound, StaleEpoch, Unavailable, ValidationError
-from controlplane.domain.ids import DeploymentId, InstanceId
+from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId
 from controlplane.domain.observations import InstanceReport, InstanceSample, Observations
 
 log = structlog.get_logger("adapters.client")
@@ -222,6 +222,8 @@ class RemoteObservations:
         self._samples: dict[InstanceId, InstanceSample] = {}
         self._reports: list[InstanceReport] = []
         self._gateway: dict[tuple[str, DeploymentId], int] = {}
+        self._caches: dict[ClusterId, tuple[str, ...]] = {}
+        """Each cluster's model cache as its adapter last reported it (kept across batches without one)."""
         self._calls: dict[str, grpc.Future] = {}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -349,6 +351,9 @@ class RemoteObservations:
                 del self._gateway[key]
             for dep, n in obs.gateway_waiting:
                 self._gateway[(cid, dep)] = n
+            for cache_cluster, models in obs.model_caches:
+                if cache_cluster == cid:
+                    self._caches[ClusterId(cid)] = models
         if pressure and self._on_pressure is not None:
             self._on_pressure()
 
@@ -362,7 +367,8 @@ class RemoteObservations:
             gateway: dict[DeploymentId, int] = {}
             for (_, dep), n in self._gateway.items():
                 gateway[dep] = gateway.get(dep, 0) + n
-        return Observations(now_ms, samples, reports, tuple(sorted(gateway.items())))
+            caches = tuple(sorted(self._caches.items()))
+        return Observations(now_ms, samples, reports, tuple(sorted(gateway.items())), caches)
 
     def recent(self, since_ms: int) -> list[Observations]:
         """The adapters' ring buffers since ``since_ms`` (local clock), oldest first; an adapter that

@@ -250,4 +250,4 @@ def build_backend(cfg: AdapterConfig) -> Backend:
         return RecordingBackend(cfg.recording.path)
     from adapters.kubernetes import KubernetesBackend, KubernetesConfig
 
-    return KubernetesBackend.from_config(KubernetesConfig.model_validate(cfg.kubernetes))
+    return KubernetesBackend.from_config(KubernetesConfig.model_validate(cfg.kubernetes), cluster_id=cfg.cluster_id)

@@ -55,6 +55,7 @@ from urllib3.exceptions import HTTPError as Urllib3Error
 from adapters.backend import MAX_REPLICAS, FenceToken, InstanceCommand, ScaleCommand
 from adapters.deepspeed_mii import MiiDriver
 from adapters.engine_http import WarmPathUnavailable
+from adapters.model_cache import ModelCacheConfig, NodeCacheReader
 from adapters.triton import TritonDriver
 from adapters.vllm import VllmDriver
 from controlplane.core.backoff import backoff_ms
@@ -68,7 +69,8 @@ from controlplane.domain.errors import (
     Unavailable,
     ValidationError,
 )
-from controlplane.domain.ids import DeploymentId, InstanceId, deployment_id_problem
+from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId, deployment_id_problem
+from controlplane.domain.start_tiers import VLLM_SLEEP_LEVEL
 from controlplane.domain.observations import (
     InstanceReport,
     InstanceSample,
@@ -150,6 +152,8 @@ class KubernetesConfig(BaseModel):
     request_timeout_s: float = Field(default=10.0, gt=0, le=300)
     watch_timeout_s: int = Field(default=60, ge=1, le=3600, description="server-side watch timeout")
     engine_timeout_s: float = Field(default=2.0, gt=0, le=60)
+    model_cache: ModelCacheConfig | None = Field(
+        default=None, description="report the node-local model cache (adapters/model_cache.py); None: do not")
 
     @model_validator(mode="after")
     def _unique(self) -> KubernetesConfig:
@@ -245,23 +249,29 @@ def engine_ready(engine: str, driver: Any) -> bool:
     return bool(driver.ready())
 
 
-def engine_sleep(engine: str, driver: Any) -> None:
-    """The warm path down; raises :class:`WarmPathUnavailable` when the engine has none."""
+def engine_sleep(engine: str, driver: Any, level: int = VLLM_SLEEP_LEVEL) -> None:
+    """The warm path down: vLLM ``POST /sleep?level=<level>`` (the product's
+    ``start_tiers.VLLM_SLEEP_LEVEL``), Triton an explicit model unload. Raises
+    :class:`WarmPathUnavailable` when the server refuses it (vLLM without dev mode), and
+    :class:`ValidationError` for DeepSpeed-MII, which has no sleep at all (the coordinators never
+    ask: their state refuses to put one to sleep)."""
     if engine == "vllm":
-        driver.sleep(level=1, mode="wait")
+        driver.sleep(level=level, mode="wait")
     elif engine == "triton":
         driver.unload_model()
     else:
-        raise WarmPathUnavailable(driver.rest_url, "", " (DeepSpeed-MII has no sleep/wake API)")
+        raise ValidationError("action", f"engine {engine} has no sleep mode (its only warm path is a restart "
+                                        "from the node's model cache); drain the instance instead")
 
 
 def engine_wake(engine: str, driver: Any) -> None:
+    """vLLM ``POST /wake_up``, Triton an explicit model load; DeepSpeed-MII: see :func:`engine_sleep`."""
     if engine == "vllm":
         driver.wake_up()
     elif engine == "triton":
         driver.load_model()
     else:
-        raise WarmPathUnavailable(driver.rest_url, "", " (DeepSpeed-MII has no sleep/wake API)")
+        raise ValidationError("action", f"engine {engine} has no sleep mode, so nothing to wake")
 
 
 # -- instance tracking ----------------------------------------------------------------------------------
@@ -369,8 +379,10 @@ class KubernetesBackend:
     def __init__(self, config: KubernetesConfig, api_client: k8s.ApiClient, *,
                  driver_factory: DriverFactory | None = None, rng: random.Random | None = None,
                  sleep_s: Callable[[float], None] = time.sleep,
-                 clock_ms: Callable[[], int] = wall_ms) -> None:
+                 clock_ms: Callable[[], int] = wall_ms, cluster_id: str = "") -> None:
+        """``cluster_id``: the cluster this backend serves, which its model-cache report names."""
         self.config = config
+        self._cluster_id = ClusterId(cluster_id)
         self._api = api_client
         self._apps = k8s.AppsV1Api(api_client)
         self._core = k8s.CoreV1Api(api_client)
@@ -387,6 +399,8 @@ class KubernetesBackend:
         self._reports: list[InstanceReport] = []
         self._warm_path_logged: set[str] = set()
         self._stats = Statistics()
+        self._cache = None if config.model_cache is None else NodeCacheReader(
+            self._core, config.model_cache, clock_ms, config.request_timeout_s)
 
     @classmethod
     def from_config(cls, config: KubernetesConfig, **kwargs: Any) -> KubernetesBackend:
@@ -472,7 +486,9 @@ class KubernetesBackend:
         samples = self._samples(now_ms)
         with self._lock:
             reports, self._reports = tuple(self._reports), []
-        return Observations(at_ms=now_ms, samples=samples, reports=reports)
+        models = None if self._cache is None else self._cache.models()
+        caches = () if models is None else ((self._cluster_id, models),)
+        return Observations(at_ms=now_ms, samples=samples, reports=reports, model_caches=caches)
 
     # -- commands -------------------------------------------------------------------------------------
     def _workload(self, deployment: DeploymentId) -> _Workload:

@@ -101,10 +101,22 @@ class SimulatedConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     seed: int = 0
     deployments: list[SimDeploymentConfig] = Field(default_factory=list)
+    model_cache: list[str] | None = None
+    """Model profiles the cluster's node-local model cache holds at the start (None: every profile,
+    as a pre-fetch DaemonSet gives); a new instance of another model is a ``cold`` start, after which
+    the cache holds it. Reported to the coordinators with every observation batch."""
     default: SimDeploymentConfig | None = None
     """Template for deployments not listed (e.g. created later through the API), with
     ``deployment: "*"``: the first command for an unknown deployment adds it, and its load schedule
     starts then. Without it such commands are refused with NotFound."""
+
+    @field_validator("model_cache")
+    @classmethod
+    def _known_models(cls, value: list[str] | None) -> list[str] | None:
+        for model in value or ():
+            if model not in PROFILES:
+                raise ValueError(f"unknown model profile {model!r} (known: {', '.join(sorted(PROFILES))})")
+        return value
 
     @model_validator(mode="after")
     def _unique(self) -> SimulatedConfig:
@@ -163,6 +175,7 @@ class SimulatedBackend:
         self.fleet = SimFleet(
             {d: c.profile() for d, c in self._cfg.items()}, self._schedule, self._rng,
             lambda cluster, dep, now: self._cfg[dep].warmup_failure_probability, self._done,
+            caches={self.cluster_id: PROFILES if config.model_cache is None else config.model_cache},
         )
         for dep in self._cfg:
             self._next_arrival[dep] = self._draw_arrival(dep, float(self._start_ms))

@@ -5,7 +5,7 @@ adapter's clock onto the receiver's (see :class:`adapters.client.ClockMap`)."""
 from __future__ import annotations
 
 from controlplane.api.v1 import adapter_pb2
-from controlplane.domain.ids import DeploymentId, InstanceId
+from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId
 from controlplane.domain.observations import InstanceReport, InstanceSample, Observations
 
 STALE_EPOCH_METADATA = ("cp-error", "stale-epoch")
@@ -16,12 +16,15 @@ adapter server (its gRPC health/reflection services, backends and identity check
 
 def batch_of(cluster_id: str, seq: int, stream_id: str, obs: Observations,
              observe_failed: bool = False) -> adapter_pb2.ObservationBatch:
+    """One batch of ``cluster_id``'s observations (its own entry of ``obs.model_caches`` only)."""
     return adapter_pb2.ObservationBatch(
         cluster_id=cluster_id, seq=seq, at_ms=obs.at_ms, stream_id=stream_id, observe_failed=observe_failed,
         samples=[sample_message(s) for s in obs.samples],
         reports=[adapter_pb2.InstanceReport(instance_id=r.instance_id, event=r.event, at_ms=r.at_ms, detail=r.detail)
                  for r in obs.reports],
         gateway=[adapter_pb2.GatewayQueue(deployment_id=d, waiting=n) for d, n in obs.gateway_waiting],
+        model_cache=next((adapter_pb2.ModelCache(models=list(models)) for cid, models in obs.model_caches
+                          if cid == cluster_id), None),
     )
 
 
@@ -50,4 +53,5 @@ def observations_of(batch: adapter_pb2.ObservationBatch, shift_ms: int = 0) -> O
     )
     reports = tuple(InstanceReport(InstanceId(r.instance_id), r.event, r.at_ms + shift_ms, r.detail) for r in batch.reports)
     gateway = tuple((DeploymentId(g.deployment_id), g.waiting) for g in batch.gateway)
-    return Observations(batch.at_ms + shift_ms, samples, reports, gateway)
+    caches = ((ClusterId(batch.cluster_id), tuple(batch.model_cache.models)),) if batch.HasField("model_cache") else ()
+    return Observations(batch.at_ms + shift_ms, samples, reports, gateway, caches)

@@ -53,7 +53,7 @@ from controlplane.domain import commands as c
 from controlplane.domain.demand import DemandHistory
 from controlplane.domain.errors import PermanentError, ValidationError
 from controlplane.domain.instances import InitMethod, Instance, InstanceEvent, InstanceState
-from controlplane.domain.records import BreakerPhase, BreakerRecord, ObjectMeta, ScaleMemory
+from controlplane.domain.records import BreakerPhase, BreakerRecord, ModelCacheRecord, ObjectMeta, ScaleMemory
 from controlplane.domain.state import ControlState, Desired
 from controlplane.domain.tenants import Deployment, Engine, ScalingPolicy, Slo, Tenant
 from controlplane.domain.tokens import Role, TokenRecord
@@ -226,6 +226,25 @@ def _pair_item(pair: Any, i: int, j: int) -> int:
         raise exc.at(f"[{j}]").at(f"[{i}]") from None
 
 
+def _enc_strs(v: Any) -> list[str]:
+    if type(v) is not tuple:
+        raise _Bad(f"expected a tuple, got {_kind(v)}")
+    return [_str_at(x, i) for i, x in enumerate(v)]
+
+
+def _dec_strs(v: Any) -> tuple[str, ...]:
+    if type(v) is not list:
+        raise _Bad(f"expected a list, got {_kind(v)}")
+    return tuple(_str_at(x, i) for i, x in enumerate(v))
+
+
+def _str_at(v: Any, i: int) -> str:
+    try:
+        return _str(v)
+    except _Bad as exc:
+        raise exc.at(f"[{i}]") from None
+
+
 def _dec_pairs(v: Any) -> tuple[tuple[int, int], ...]:
     if type(v) is not list:
         raise _Bad(f"expected a list, got {_kind(v)}")
@@ -360,6 +379,7 @@ BREAKER = _Struct(
     BreakerRecord, _t("phase", _PHASE), _t("failures", _INT), _t("trips", _INT), _t("open_until_ms", _INT),
     _t("probe_in_flight", _BOOL), _t("changed_ms", _INT),
 )
+MODEL_CACHE = _Struct(ModelCacheRecord, ("models", _enc_strs, _dec_strs), _t("at_ms", _INT))
 MEMORY = _Struct(
     ScaleMemory, ("recs", _enc_pairs, _dec_pairs), _t("panic_until_ms", _INT), _t("panic_peak", _INT),
     _t("last_scale_up_ms", _INT), _t("last_scale_down_ms", _INT),
@@ -492,6 +512,7 @@ COMMAND_TABLES: dict[type[Any], _Struct | None] = {
         _t("drain_deadline_ms", _INT), _t("preempted", _BOOL),
     ),
     c.PutBreaker: _Struct(c.PutBreaker, _t("key", _STR), _t("record", _nested(BREAKER))),
+    c.PutModelCache: _Struct(c.PutModelCache, _t("cluster_id", _STR), _t("record", _nested(MODEL_CACHE))),
     c.Batch: None,  # members are commands: handled by _enc_batch / _dec_batch (depth-limited)
 }
 LEASE_TABLES: dict[str, _Struct] = {
@@ -704,13 +725,16 @@ _ID_TABLES: tuple[tuple[str, _Struct], ...] = (
     ("zones", ZONE), ("tokens", TOKEN),
 )
 _KEYED_TABLES: tuple[tuple[str, _Struct], ...] = (
-    ("desired", DESIRED), ("memory", MEMORY), ("breakers", BREAKER), ("meta", META), ("demand", DEMAND)
+    ("desired", DESIRED), ("memory", MEMORY), ("breakers", BREAKER), ("meta", META), ("demand", DEMAND),
+    ("model_caches", MODEL_CACHE),
 )
-_OPTIONAL_STATE_KEYS = frozenset(["demand"])
-"""Tables a snapshot written before they existed lacks (COMMAND_VERSION 5 had no ``demand``): read as empty."""
+_OPTIONAL_STATE_KEYS = frozenset(["demand", "model_caches"])
+"""Tables a snapshot written before they existed lacks (COMMAND_VERSION 5 had no ``demand`` and no
+``model_caches``): read as empty."""
 _STATE_KEYS = frozenset(
     [name for name, _ in _ID_TABLES] + [name for name, _ in _KEYED_TABLES] + ["applied", "gpus_used_keys", "lease"]
 )
+
 
 
 def _enc_id_table(table: Any, struct: _Struct) -> list[dict[str, Any]]:

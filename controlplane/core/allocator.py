@@ -86,6 +86,7 @@ class _BoundPlacer:
         existing: Sequence[Instance],
         blocked: Collection[ClusterId],
         zones: Mapping[object, Zone] | None = None,
+        cached: Collection[ClusterId] = frozenset(),
     ) -> placement.Placement:
         bound = self._bindings.get(deployment.id, ())[: max(0, count)]
         unplaced = max(0, count) - len(bound)

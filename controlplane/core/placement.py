@@ -11,6 +11,11 @@
 
    * the **zone** holding the fewest instances of this deployment (existing non-terminal ones plus
      the ones placed so far): spreading over availability zones is what survives a zone outage;
+   * then a cluster whose **node-local model cache holds the model** (``cached``, from the
+     replicated ``ModelCacheRecord``s): its start is ``cached`` instead of ``cold`` (30 s instead of
+     86 s for 8B, :mod:`controlplane.domain.start_tiers`). It ranks below the zone spread and never
+     beats the filters of step 1 (schedulable, breakers, free GPUs), but above the spread over the
+     clusters of one zone: a start three times faster is worth more than that spread;
    * then the **cluster** holding the fewest of them;
    * then the cluster with the **most free GPUs** (keeps headroom even across clusters);
    * then the cluster id (deterministic).
@@ -144,12 +149,14 @@ def place(
     existing: Sequence[Instance],
     blocked: Collection[ClusterId],
     zones: Mapping[ZoneId, Zone] | None = None,
+    cached: Collection[ClusterId] = frozenset(),
 ) -> Placement:
     """Choose a cluster for each of ``count`` new instances of ``deployment`` (see the module doc).
 
     ``existing`` may hold instances of other deployments; only this deployment's non-terminal ones
-    count toward the spread. ``blocked`` is only tested for membership. ``zones`` holds the zone
-    records (cordon state); a zone missing from it is schedulable. Raises
+    count toward the spread. ``blocked`` and ``cached`` (the clusters whose model cache holds the
+    deployment's model: ``core.model_cache.cached_clusters``) are only tested for membership.
+    ``zones`` holds the zone records (cordon state); a zone missing from it is schedulable. Raises
     :class:`ValidationError` for a negative ``count`` or a cluster listed twice.
     """
     _check_count(count)
@@ -166,7 +173,7 @@ def place(
             break
         best = min(
             fits,
-            key=lambda cl: (per_zone.get(cl.zone, 0), per_cluster.get(cl.id, 0), -free[cl.id], cl.id),
+            key=lambda cl: (per_zone.get(cl.zone, 0), cl.id not in cached, per_cluster.get(cl.id, 0), -free[cl.id], cl.id),
         )
         chosen.append(best.id)
         free[best.id] -= need

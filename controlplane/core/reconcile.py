@@ -55,7 +55,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from controlplane.core import breaker as br
-from controlplane.core import placement, preemption, room, scaling
+from controlplane.core import model_cache, placement, preemption, room, scaling
 from controlplane.core.allocator import AllocationRequest, Allocator, bound_placer
 from controlplane.core.signals import FilteredSignals
 from controlplane.domain import commands as c
@@ -317,7 +317,7 @@ def facts(
                 move(inst, E.WORK, sample.at_ms)
         elif cur is busy and sample.running + sample.waiting == 0:
             move(inst, E.IDLE, sample.at_ms)
-    return tuple(out + breakers.commands())
+    return tuple(out + breakers.commands()) + model_cache.facts(state, obs, now_ms)
 
 
 def unreported(
@@ -933,7 +933,8 @@ def _create(tick: _Tick, d: Deployment, count: int, existing: Sequence[Instance]
             rec = tick.breakers.get(key)
             if rec.phase is not BreakerPhase.CLOSED:
                 tick.breakers.put(key, br.on_probe(rec, tick.now_ms, tick.cfg.breaker))
-    placed = tick.place(d, count - len(chosen), clusters, free, existing, blocked, tick.state.zones)
+    placed = tick.place(d, count - len(chosen), clusters, free, existing, blocked, tick.state.zones,
+                        cached=model_cache.cached_clusters(tick.state, d.model))
     chosen += placed.clusters
     if placed.unplaced:
         tick.notes.append(f"{d.id}: {placed.unplaced} of {count} new instances not placed: {placed.reason}")

@@ -12,7 +12,7 @@ from typing import ClassVar
 
 from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId, TenantId, ZoneId
 from controlplane.domain.instances import InstanceEvent
-from controlplane.domain.records import BreakerRecord, ScaleMemory
+from controlplane.domain.records import BreakerRecord, ModelCacheRecord, ScaleMemory
 from controlplane.domain.tenants import Deployment, Tenant
 from controlplane.domain.tokens import TokenRecord
 from controlplane.domain.topology import Cluster, Zone
@@ -21,7 +21,7 @@ COMMAND_VERSION = 6
 """Bumped when a command's fields change incompatibly or a command kind is added (3: ``PutScaleMemories``;
 4: ``max_per_tenant`` of ``PutDeployment`` and ``PutToken``; 5: a deployment id may be qualified,
 ``<tenant>/<name>``, see :func:`~controlplane.domain.ids.deployment_id_problem`; 6: ``RecordDemand`` and
-the snapshot's ``demand`` table); the codec refuses unknown versions. 5 only widens what an id may be: every entry and snapshot written at 4 decodes to the same
+``PutModelCache``, the snapshot's ``demand`` and ``model_caches`` tables); the codec refuses unknown versions. 5 only widens what an id may be: every entry and snapshot written at 4 decodes to the same
 value (its unqualified ids stay valid legacy ids), so the wire format (``CODEC_VERSION``) is unchanged;
 a build at 4 cannot decode an entry naming a qualified id, so a group is upgraded whole (docs/api.md
 "Deployment names")."""
@@ -200,6 +200,16 @@ class PutBreaker(Command):
 
 
 @dataclass(frozen=True, slots=True)
+class PutModelCache(Command):
+    """What one cluster's node-local model cache holds, as its adapter last reported it (put by the
+    lease holder when the report differs from the state: ``core/model_cache.py``)."""
+
+    kind: ClassVar[str] = "put_model_cache"
+    cluster_id: ClusterId
+    record: ModelCacheRecord
+
+
+@dataclass(frozen=True, slots=True)
 class Batch(Command):
     """Several commands committed as one log entry (one tick's plan). Each is applied in order and
     independently: a rejected one does not undo the others (see ``ApplyResult.results``)."""
@@ -228,6 +238,7 @@ COMMAND_TYPES: dict[str, type[Command]] = {
         CreateInstance,
         TransitionInstance,
         PutBreaker,
+        PutModelCache,
         Batch,
     )
 }

@@ -12,8 +12,10 @@
     every non-terminal state --lost--> Failed
 
 ``Standby`` is a warm-pool member: the pod keeps its GPUs but the engine sleeps (vLLM sleep level 1:
-weights offloaded to CPU memory, KV cache discarded; Triton: model unloaded under explicit model
-control). Waking it is a *warm* start (about 1 s); a new pod is a *cold* start (tens of seconds).
+weights offloaded to CPU memory, KV cache discarded; level 2: weights discarded too; Triton: model
+unloaded under explicit model control; DeepSpeed-MII cannot sleep). Waking it is a *warm* start
+(about 1 s at level 1); a new pod is a *cold* or *cached* start (tens of seconds). Every start records
+its tier in ``Instance.init_method`` (:mod:`controlplane.domain.start_tiers`).
 
 The table is the single source of truth: :func:`transition` is the only way to change a state, and
 ``docs/lifecycle.md`` is generated from :data:`TRANSITIONS` by :func:`mermaid_diagram`.
@@ -78,10 +80,32 @@ class InstanceEvent(enum.Enum):
 
 
 class InitMethod(enum.Enum):
+    """How an instance started: its *start tier* (latencies and derivations in
+    :mod:`controlplane.domain.start_tiers`). ``COLD`` and ``CACHED`` are new pods (``Pending ->
+    Warming``); the others wake a ``Standby`` instance (``Standby -> Warming``)."""
+
     COLD = "cold"
-    """A new pod: image pull, weights from storage, engine start."""
+    """A new pod on a node whose model cache lacks the weights: image pull, weights from remote
+    storage, load, CUDA graph capture."""
+    CACHED = "cached"
+    """A new pod on a node whose model cache holds the weights (local disk): load and graph capture."""
     WARM = "warm"
-    """A sleeping engine woken up (vLLM ``/wake_up``, Triton explicit model load)."""
+    """A vLLM engine woken from sleep level 1 (weights copied back from host RAM)."""
+    SLEEP_L2 = "sleep_l2"
+    """A vLLM engine woken from sleep level 2 (weights reloaded from the node's model cache into the
+    live process; CUDA graphs kept)."""
+    RELOAD = "reload"
+    """A Triton model loaded again under explicit model control (``POST /v2/repository/models/<m>/load``)
+    from the local model repository."""
+
+    @property
+    def new_pod(self) -> bool:
+        """A start that created a pod (``cold_starts`` counts these); the others are wakes."""
+        return self in NEW_POD_METHODS
+
+
+NEW_POD_METHODS: tuple[InitMethod, ...] = (InitMethod.COLD, InitMethod.CACHED)
+WAKE_METHODS: tuple[InitMethod, ...] = (InitMethod.WARM, InitMethod.SLEEP_L2, InitMethod.RELOAD)
 
 
 S, E = InstanceState, InstanceEvent
@@ -111,7 +135,12 @@ INIT_METHOD_OF: dict[tuple[InstanceState, InstanceEvent], InitMethod] = {
     (S.PENDING, E.START_WARMUP): InitMethod.COLD,
     (S.STANDBY, E.WAKE): InitMethod.WARM,
 }
-"""Transitions that begin a warm-up, and which kind of start that is."""
+"""Transitions that begin a warm-up, and the start tier they record when the caller names none."""
+ALLOWED_METHODS: dict[tuple[InstanceState, InstanceEvent], tuple[InitMethod, ...]] = {
+    (S.PENDING, E.START_WARMUP): NEW_POD_METHODS,
+    (S.STANDBY, E.WAKE): WAKE_METHODS,
+}
+"""The tiers each warm-up transition may record (``transition(init=...)``)."""
 
 
 def next_state(instance_id: str, state: InstanceState, event: InstanceEvent) -> InstanceState:
@@ -157,11 +186,18 @@ class Transitioned:
 
 
 def transition(
-    inst: Instance, event: InstanceEvent, at_ms: int, *, drain_deadline_ms: int = 0, preempted: bool = False
+    inst: Instance, event: InstanceEvent, at_ms: int, *, drain_deadline_ms: int = 0, preempted: bool = False,
+    init: InitMethod | None = None,
 ) -> tuple[Instance, Transitioned]:
-    """Apply ``event`` to ``inst`` at ``at_ms``. Pure; raises :class:`IllegalTransition`."""
+    """Apply ``event`` to ``inst`` at ``at_ms``. Pure; raises :class:`IllegalTransition`.
+
+    ``init``: the start tier a warm-up transition records (one of :data:`ALLOWED_METHODS` for it; a
+    tier of the other kind is ignored); None, or any other transition: :data:`INIT_METHOD_OF`'s, or
+    the instance's own."""
     to = next_state(inst.id, inst.state, event)
-    init = INIT_METHOD_OF.get((inst.state, event), inst.init_method)
+    key = (inst.state, event)
+    if init is None or init not in ALLOWED_METHODS.get(key, ()):
+        init = INIT_METHOD_OF.get(key, inst.init_method)
     new = replace(
         inst,
         state=to,

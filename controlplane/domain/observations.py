@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controlplane.domain.ids import DeploymentId, InstanceId
+from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,3 +80,6 @@ class Observations:
     reports: tuple[InstanceReport, ...] = ()
     gateway_waiting: tuple[tuple[DeploymentId, int], ...] = ()
     """Requests held at the gateway per deployment because no instance could take them."""
+    model_caches: tuple[tuple[ClusterId, tuple[str, ...]], ...] = ()
+    """``(cluster, models)`` for each cluster whose adapter reported its node-local model cache
+    (sorted by cluster; models sorted). A cluster missing here did not report: its record stays."""

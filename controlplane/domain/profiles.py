@@ -64,7 +64,13 @@ class ModelProfile:
     kv_capacity_tokens: int
     gpu_memory_bytes: int
     cold_start_ms: int
+    """A new pod whose weights are on the node's local disk already: the ``cached`` start tier
+    (:mod:`controlplane.domain.start_tiers`; the name predates the tiers and is kept so every published
+    benchmark stays comparable)."""
     warm_start_ms: int
+    """Waking a vLLM instance from sleep level 1: the ``warm`` start tier."""
+    weights_bytes: int = 0
+    """Size of the model's weights (BF16), which the remote-cold and reload tiers move."""
 
     def step_ms(self, batch: int) -> float:
         """Decode step time with ``batch`` running sequences."""
@@ -89,6 +95,7 @@ PROFILES: dict[str, ModelProfile] = {
             gpu_memory_bytes=80 * 1024**3,
             cold_start_ms=30_000,
             warm_start_ms=1_000,
+            weights_bytes=16_060_000_000,
         ),
         ModelProfile(
             name="llama3-70b-h100x4",
@@ -101,6 +108,7 @@ PROFILES: dict[str, ModelProfile] = {
             gpu_memory_bytes=80 * 1024**3,
             cold_start_ms=90_000,
             warm_start_ms=4_000,
+            weights_bytes=141_200_000_000,
         ),
         ModelProfile(
             name="llama3-8b-a100",
@@ -113,6 +121,7 @@ PROFILES: dict[str, ModelProfile] = {
             gpu_memory_bytes=80 * 1024**3,
             cold_start_ms=30_000,
             warm_start_ms=1_500,
+            weights_bytes=16_060_000_000,
         ),
         ModelProfile(
             name="llama3-70b-a100x4",
@@ -125,6 +134,7 @@ PROFILES: dict[str, ModelProfile] = {
             gpu_memory_bytes=80 * 1024**3,
             cold_start_ms=90_000,
             warm_start_ms=6_000,
+            weights_bytes=141_200_000_000,
         ),
     )
 }

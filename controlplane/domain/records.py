@@ -1,4 +1,5 @@
-"""Replicated records owned by the core's decisions: circuit breakers and scaling memory.
+"""Replicated records owned by the core's decisions: circuit breakers, scaling memory and the clusters'
+model caches.
 
 They live in the domain (not in ``core``) because they are part of the replicated state: a new
 leader reads them back and continues exactly where the old leader stopped (open breakers stay open
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+
+from controlplane.domain.errors import ValidationError
 
 
 class BreakerPhase(enum.Enum):
@@ -70,3 +73,33 @@ class ObjectMeta:
     resource_version: int
     created_ms: int = 0
     updated_ms: int = 0
+
+
+MAX_CACHED_MODELS = 1_000
+"""Most model names one cluster's model-cache record may hold."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCacheRecord:
+    """Which models the node-local model cache of one cluster holds (its adapter reports it; see
+    ``controlplane/domain/start_tiers.py``). A new instance of a model the cache holds is a
+    ``cached`` start, else a ``cold`` one; placement prefers such clusters. Put by the lease holder
+    from the observations (``core/model_cache.py``), so a new holder reads the same."""
+
+    models: tuple[str, ...] = ()
+    """Model names (``Deployment.model``), sorted, without duplicates."""
+    at_ms: int = 0
+    """When the holder last changed it (stamped by the proposer)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.models, tuple) or not all(isinstance(m, str) and m for m in self.models):
+            raise ValidationError("models", "must be a tuple of non-empty model names")
+        if len(self.models) > MAX_CACHED_MODELS:
+            raise ValidationError("models", f"{len(self.models)} models exceed the limit of {MAX_CACHED_MODELS}")
+        if list(self.models) != sorted(set(self.models)):
+            raise ValidationError("models", "must be sorted and without duplicates")
+        if isinstance(self.at_ms, bool) or not isinstance(self.at_ms, int) or self.at_ms < 0:
+            raise ValidationError("at_ms", f"must be an integer >= 0, got {self.at_ms!r}")
+
+    def holds(self, model: str) -> bool:
+        return model in self.models

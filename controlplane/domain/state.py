@@ -34,8 +34,9 @@ from controlplane.domain.errors import (
     VersionMismatch,
 )
 from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId, PoolId, TenantId, ZoneId, id_problem
-from controlplane.domain.instances import InitMethod, Instance, InstanceState, Transitioned, transition
-from controlplane.domain.records import EMPTY_MEMORY, BreakerRecord, ObjectMeta, ScaleMemory
+from controlplane.domain.instances import InitMethod, Instance, InstanceEvent, InstanceState, Transitioned, transition
+from controlplane.domain.records import EMPTY_MEMORY, BreakerRecord, ModelCacheRecord, ObjectMeta, ScaleMemory
+from controlplane.domain.start_tiers import new_pod_tier, wake_tier
 from controlplane.domain.tenants import Deployment, Tenant
 from controlplane.domain.tokens import Role, TokenRecord
 from controlplane.domain.topology import Cluster, Zone
@@ -103,6 +104,8 @@ class ControlState:
     meta: dict[str, ObjectMeta] = field(default_factory=dict)
     """Versions and times of tenants, deployments, clusters and zones, keyed ``"{kind}/{id}"``
     (:func:`meta_key`)."""
+    model_caches: dict[ClusterId, ModelCacheRecord] = field(default_factory=dict)
+    """What each cluster's node-local model cache holds (a cluster without a record: nothing)."""
     applied: int = 0
     """Number of commands applied successfully (a batch counts each member)."""
     # Derived indexes, kept in step by the handlers (dicts used as insertion-ordered sets).
@@ -324,6 +327,7 @@ def _remove_cluster(state: ControlState, cmd: c.RemoveCluster) -> tuple[Transiti
         raise Conflict(f"cluster {cid!r} still has {running} instances; drain it first")
     del state.clusters[cid]
     state.meta.pop(meta_key("cluster", cid), None)
+    state.model_caches.pop(cid, None)
     for key in [k for k in state.gpus_used if k[0] == cid]:
         del state.gpus_used[key]  # all 0: no instance is left there
     return NO_TRANSITIONS
@@ -470,8 +474,12 @@ def _transition_instance(state: ControlState, cmd: c.TransitionInstance) -> tupl
     inst = state.instances.get(cmd.instance_id)
     if inst is None:
         raise NotFound("instance", cmd.instance_id)
+    d = state.deployments.get(inst.deployment)
+    if cmd.event is InstanceEvent.SLEEP and d is not None and not d.engine.can_sleep:
+        raise Conflict(f"instance {inst.id!r} runs {d.engine.value}, which has no sleep mode; drain it instead")
     new, rec = transition(
-        inst, cmd.event, cmd.at_ms, drain_deadline_ms=cmd.drain_deadline_ms, preempted=cmd.preempted
+        inst, cmd.event, cmd.at_ms, drain_deadline_ms=cmd.drain_deadline_ms, preempted=cmd.preempted,
+        init=_start_tier(state, inst, cmd.event),
     )
     if new.state.terminal:
         # Terminal instances leave the state (the transition record is their epitaph), which keeps
@@ -483,6 +491,31 @@ def _transition_instance(state: ControlState, cmd: c.TransitionInstance) -> tupl
     else:
         state.instances[inst.id] = new
     return (rec,)
+
+
+def _start_tier(state: ControlState, inst: Instance, event: InstanceEvent) -> InitMethod | None:
+    """The start tier a warm-up transition records, from the replicated state: a new pod is
+    ``cached`` when its cluster's model cache holds the deployment's model, else ``cold``; a wake is
+    the engine's (``start_tiers.wake_tier``). None for every other transition."""
+    d = state.deployments.get(inst.deployment)
+    if d is None:
+        return None
+    if event is InstanceEvent.START_WARMUP and inst.state is InstanceState.PENDING:
+        cache = state.model_caches.get(inst.cluster)
+        return new_pod_tier(cache is not None and cache.holds(d.model))
+    if event is InstanceEvent.WAKE and inst.state is InstanceState.STANDBY:
+        return wake_tier(d.engine)
+    return None
+
+
+def _put_model_cache(state: ControlState, cmd: c.PutModelCache) -> tuple[Transitioned, ...]:
+    if not isinstance(cmd.record, ModelCacheRecord):
+        raise ValidationError("record", f"must be a ModelCacheRecord, got {type(cmd.record).__name__}")
+    ModelCacheRecord.__post_init__(cmd.record)
+    if cmd.cluster_id not in state.clusters:
+        raise NotFound("cluster", cmd.cluster_id)
+    state.model_caches[cmd.cluster_id] = cmd.record
+    return NO_TRANSITIONS
 
 
 def _put_breaker(state: ControlState, cmd: c.PutBreaker) -> tuple[Transitioned, ...]:
@@ -510,6 +543,7 @@ _HANDLERS: dict[type, Callable[[ControlState, object], tuple[Transitioned, ...]]
     c.CreateInstance: _create_instance,
     c.TransitionInstance: _transition_instance,
     c.PutBreaker: _put_breaker,
+    c.PutModelCache: _put_model_cache,
 }  # type: ignore[dict-item]
 
 
@@ -527,5 +561,6 @@ def snapshot(state: ControlState) -> dict[str, object]:
         "zones": dict(sorted(state.zones.items())),
         "tokens": dict(sorted(state.tokens.items())),
         "meta": dict(sorted(state.meta.items())),
+        "model_caches": dict(sorted(state.model_caches.items())),
         "applied": state.applied,
     }

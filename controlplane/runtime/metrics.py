@@ -24,6 +24,7 @@ replicated part, so a scrape of any member shows the fleet) plus what only this 
 ``controlplane_tick_duration_seconds`` (histogram)          one control-loop tick, I/O included
 ``controlplane_ticks_total{outcome}``                       ``ok`` / ``skipped`` (not leader, timeout) / ``failed``
 ``controlplane_instance_transitions_total{...}``            (:mod:`controlplane.runtime.transitions`)
+``controlplane_instance_start_seconds{tier}`` (histogram)   start transition to Ready by start tier (same module)
 ``controlplane_raft_transport_events_total{event}``         Raft transport refusals/timeouts/caps/EMFILE back-offs
 ==========================================================  =======================================================
 

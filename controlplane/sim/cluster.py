@@ -13,21 +13,30 @@ Service model of one instance (documented in ``docs/simulator.md``):
 * The first token comes one decode step after the prefill; the remaining tokens follow at the step
   time of the batch size at admission (``ModelProfile.step_ms``).
 * TTFT = first token - arrival, including time at the gateway while no instance was serving.
+
+Starts take their tier's latency (:mod:`controlplane.domain.start_tiers`) with +-10 % jitter: a new
+instance on a cluster whose node-local model cache (``caches``) holds its model is a ``cached``
+start, otherwise a ``cold`` one, after whose success the cluster's cache holds the model; a wake
+takes the wake tier of the deployment's engine. The caches are reported in every gather
+(``Observations.model_caches``), the way an adapter reports its cluster's, and reach the replicated
+state through the same facts.
 """
 
 from __future__ import annotations
 
 import random
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from controlplane.domain.errors import StaleEpoch, Unavailable
 from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId
-from controlplane.domain.instances import InstanceEvent
+from controlplane.domain.instances import InitMethod, InstanceEvent
 from controlplane.domain.observations import InstanceReport, InstanceSample, Observations
 from controlplane.domain.profiles import ModelProfile
+from controlplane.domain.start_tiers import new_pod_tier, start_ms, wake_tier
+from controlplane.domain.tenants import Engine
 from controlplane.ports import AdapterCommand, Fence
 
 # Event kinds of the simulator's heap.
@@ -80,6 +89,8 @@ class SimInstance:
     """(first_token_ms, ttft_ms) of admitted requests, in order: for the TTFT sample."""
     prompt_tokens_since_sample: int = 0
     gone_ms: int = -1
+    tier: InitMethod = InitMethod.CACHED
+    """The tier of the latest start (``cold`` fills the cluster's model cache once it succeeds)."""
 
     def load(self) -> int:
         return len(self.running) + len(self.queue)
@@ -95,8 +106,17 @@ class SimFleet:
         rng: random.Random,
         warmup_failure: Callable[[ClusterId, DeploymentId, int], float],
         on_request_done: Callable[[SimRequest, int], None],
+        *,
+        caches: Mapping[ClusterId, Iterable[str]] | None = None,
+        engines: Mapping[DeploymentId, Engine] | None = None,
     ) -> None:
+        """``caches``: the model names each cluster's node-local model cache holds at the start
+        (None: every model on every cluster, and nothing reported). ``engines``: each deployment's
+        engine, for its wake tier (vLLM when absent)."""
         self._profiles = profiles
+        self.caches: dict[ClusterId, set[str]] | None = (
+            None if caches is None else {cid: set(models) for cid, models in caches.items()})
+        self._engines = dict(engines or {})
         self._schedule = schedule
         self._rng = rng
         self._warmup_failure = warmup_failure
@@ -112,11 +132,12 @@ class SimFleet:
         self.stale_rejected = 0
 
     # -- the adapter port -------------------------------------------------------------------
-    def add_deployment(self, dep: DeploymentId, profile: ModelProfile) -> None:
+    def add_deployment(self, dep: DeploymentId, profile: ModelProfile, engine: Engine = Engine.VLLM) -> None:
         """Serve a deployment that was not known at construction (no-op when it is)."""
         if dep in self._profiles:
             return
         self._profiles[dep] = profile
+        self._engines[dep] = engine
         self.by_deployment[dep] = {}
         self.gateway[dep] = deque()
         self.gpu_ms[dep] = 0.0
@@ -165,12 +186,18 @@ class SimFleet:
         self.instances[sim.id] = sim
         self.by_deployment[sim.deployment][sim.id] = sim
         self._report(sim, InstanceEvent.START_WARMUP, now_ms)
-        self._start_warmup(sim, now_ms, sim.profile.cold_start_ms)
+        sim.tier = new_pod_tier(self.cached(sim.cluster, sim.profile.name))
+        self._start_warmup(sim, now_ms, start_ms(sim.profile, sim.tier))
 
     def _do_wake(self, iid: InstanceId, now_ms: int) -> None:
         sim = self.instances.get(iid)
         if sim is not None and sim.phase == "sleeping":
-            self._start_warmup(sim, now_ms, sim.profile.warm_start_ms)
+            sim.tier = wake_tier(self._engines.get(sim.deployment, Engine.VLLM)) or InitMethod.WARM
+            self._start_warmup(sim, now_ms, start_ms(sim.profile, sim.tier))
+
+    def cached(self, cluster_id: ClusterId, model: str) -> bool:
+        """``cluster_id``'s model cache holds ``model``."""
+        return self.caches is None or model in self.caches.get(cluster_id, ())
 
     def _do_sleep(self, iid: InstanceId, now_ms: int) -> None:
         sim = self.instances.get(iid)
@@ -212,6 +239,8 @@ class SimFleet:
             self._finish(sim, InstanceEvent.WARMUP_FAILED, now_ms)
             return
         sim.phase = "serving"
+        if sim.tier is InitMethod.COLD and self.caches is not None:
+            self.caches.setdefault(sim.cluster, set()).add(sim.profile.name)  # the weights stay on the node
         self._report(sim, InstanceEvent.WARMED, now_ms)
         self.dispatch_gateway(sim.deployment, now_ms)
 
@@ -337,7 +366,13 @@ class SimFleet:
         samples = [self._sample(sim, now_ms, interval_ms) for sim in self.instances.values() if sim.phase == "serving"]
         reports, self._reports = tuple(self._reports), []
         gateway = tuple((d, len(q)) for d, q in self.gateway.items() if q)
-        return Observations(now_ms, tuple(samples), reports, gateway)
+        return Observations(now_ms, tuple(samples), reports, gateway, self.model_caches())
+
+    def model_caches(self) -> tuple[tuple[ClusterId, tuple[str, ...]], ...]:
+        """What each reachable cluster's model cache holds, as its adapter would report it."""
+        if self.caches is None:
+            return ()
+        return tuple((cid, tuple(sorted(self.caches[cid]))) for cid in sorted(self.caches) if cid not in self.down)
 
     def _sample(self, sim: SimInstance, now_ms: int, interval_ms: int) -> InstanceSample:
         p = sim.profile

@@ -18,13 +18,14 @@ from typing import Protocol
 import structlog
 from prometheus_client import CollectorRegistry
 
-from controlplane.core import placement, scaling
+from controlplane.core import model_cache, placement, scaling
 from controlplane.core.allocator import Allocator
 from controlplane.core.reconcile import ReconcileConfig, current_replicas
 from controlplane.core.signals import FilteredSignals
 from controlplane.domain import commands as c
 from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId, instance_prefix
 from controlplane.domain.instances import InstanceEvent, InstanceState, Transitioned
+from controlplane.domain.observations import Observations
 from controlplane.domain.profiles import PROFILES
 from controlplane.domain.state import ControlState
 from controlplane.domain.tenants import Deployment
@@ -130,6 +131,7 @@ class Simulation:
         self.fleet = SimFleet(
             profiles, self._schedule, random.Random(f"{seed}:fleet"), self._failure_probability,
             self.collector.request_done if self._traffic is None else self._request_done,
+            caches=scenario.model_caches(), engines={d.id: d.engine for d in scenario.deployments},
         )
         self.registry = CollectorRegistry()
         # Transitions are counted always but logged only when a logger is given (--events): a long
@@ -160,6 +162,10 @@ class Simulation:
         cmds += [c.PutTenant(t) for t in scenario.tenants]
         cmds += [c.PutDeployment(d) for d in scenario.deployments]
         self._commit_or_fail(cmds)
+        # The clusters' model caches as their adapters report them (the same facts every tick puts).
+        caches = model_cache.facts(self.state, Observations(0, model_caches=self.fleet.model_caches()), 0)
+        if caches:
+            self._commit_or_fail(list(caches))
         if scenario.spec.start == "warm":
             self._preprovision(scenario)
 
@@ -177,7 +183,8 @@ class Simulation:
             free = {cl.id: self.state.free_gpus(cl.id, d.pool) for cl in clusters}
             existing = list(self.state.instances_of(d.id))
             initial = d.min_replicas if self._policy is None else self._policy.initial_replicas(d)
-            chosen = placement.place(d, initial, clusters, free, existing, ()).clusters
+            chosen = placement.place(d, initial, clusters, free, existing, (),
+                                     cached=model_cache.cached_clusters(self.state, d.model)).clusters
             cmds: list[c.Command] = [c.SetDesired(d.id, initial, 0, "initial fleet", 0)]
             for k, cid in enumerate(chosen):
                 iid = InstanceId(f"{instance_prefix(d.id)}-init-{k}")

@@ -4,7 +4,9 @@ Per tenant, per deployment and in total: requests, completed, dropped, SLO attai
 requests, dropped ones included, whose TTFT met the tenant's ``slo.ttft_p99_ms``), TTFT p50/p99/p99.9
 (nearest rank, over served requests), GPU-hours (every GPU held from pod creation to termination,
 Standby included), scale reversals (direction changes of the desired replica count), cold and warm
-starts, preemptions. A per-second timeline feeds the plot.
+starts (``cold_starts``: every new pod; ``warm_starts``: every wake from Standby), starts by tier
+(``starts_by_tier``) and start latency by tier (``start_latency_ms``: count, p50, p99 of start
+transition to Ready, nearest rank), preemptions. A per-second timeline feeds the plot.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ class _Counts:
     ttfts: list[int] = field(default_factory=list)
     cold_starts: int = 0
     warm_starts: int = 0
+    starts_by_tier: dict[str, int] = field(default_factory=dict)
+    start_ms_by_tier: dict[str, list[int]] = field(default_factory=dict)
+    """Start latencies (start transition to Ready) by tier."""
     preemptions: int = 0
     scale_reversals: int = 0
     gpu_ms: float = 0.0
@@ -103,6 +108,10 @@ class Collector:
                 counts.cold_starts += 1
             elif rec.from_state is InstanceState.STANDBY:
                 counts.warm_starts += 1
+            tier = rec.init_method.value
+            counts.starts_by_tier[tier] = counts.starts_by_tier.get(tier, 0) + 1
+        elif start_latency(rec) is not None:
+            counts.start_ms_by_tier.setdefault(rec.init_method.value, []).append(rec.latency_ms)
         counts.preemptions += preempted
 
     def tick(self, now_ms: int, state: ControlState) -> None:
@@ -173,6 +182,30 @@ class Collector:
         return SimResult(summary, self.timeline)
 
 
+def start_latency(rec: Transitioned) -> int | None:
+    """The start latency a ``Warming -> Ready`` record measures (its time in Warming); None for every
+    other transition, and for a warm-up that took no time (the instances a ``start: warm`` scenario
+    begins with, which never started)."""
+    if rec.from_state is InstanceState.WARMING and rec.to_state is InstanceState.READY and rec.latency_ms > 0:
+        return rec.latency_ms
+    return None
+
+
+def _by_tier(parts: list[_Counts]) -> tuple[dict[str, int], dict[str, dict[str, float | None]]]:
+    starts: dict[str, int] = {}
+    latencies: dict[str, list[int]] = {}
+    for p in parts:
+        for tier, n in p.starts_by_tier.items():
+            starts[tier] = starts.get(tier, 0) + n
+        for tier, values in p.start_ms_by_tier.items():
+            latencies.setdefault(tier, []).extend(values)
+    summary = {}
+    for tier in sorted(latencies):
+        values = sorted(latencies[tier])
+        summary[tier] = {"count": len(values), "p50": percentile(values, 0.50), "p99": percentile(values, 0.99)}
+    return dict(sorted(starts.items())), summary
+
+
 def _summarise(parts: Iterable[_Counts], slo_ms: int | None) -> dict[str, Any]:
     parts = list(parts)
     ttfts = sorted(t for p in parts for t in p.ttfts)
@@ -193,6 +226,7 @@ def _summarise(parts: Iterable[_Counts], slo_ms: int | None) -> dict[str, Any]:
         "warm_starts": sum(p.warm_starts for p in parts),
         "preemptions": sum(p.preemptions for p in parts),
     }
+    out["starts_by_tier"], out["start_latency_ms"] = _by_tier(parts)
     if slo_ms is not None:
         out["slo_ttft_ms"] = slo_ms
     return out

@@ -100,6 +100,9 @@ class ClusterSpec(Strict):
     zone: Ident
     region: Ident = "local"
     capacity: GpuMap
+    model_cache: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(None, max_length=1000)
+    """The model profiles whose weights this cluster's node-local model cache holds at the start
+    (none given: the scenario's ``model_cache`` default)."""
 
 
 class TraceWorkload(Finite):
@@ -202,6 +205,10 @@ class ScenarioSpec(Strict):
     start: Literal["warm", "cold"] = "warm"
     """warm: each deployment starts with min_replicas instances serving; cold: with none."""
     fleet: FleetSpec = FleetSpec()
+    model_cache: Literal["prefetched", "empty"] = "prefetched"
+    """The node-local model cache of a cluster that lists none: ``prefetched``, every deployment's
+    model on every cluster (what a pre-fetch DaemonSet gives; every start of a new pod is
+    ``cached``, today's cold-start figures); ``empty``, nothing until a ``cold`` start fetched it."""
     clusters: list[ClusterSpec] = Field(min_length=1)
     tenants: list[TenantSpec] = Field(min_length=1)
     deployments: list[DeploymentSpec] = Field(min_length=1)
@@ -251,6 +258,13 @@ class Scenario:
 
     def path(self, text: str) -> Path:
         return resolve_path(text, self.base_dir)
+
+    def model_caches(self) -> dict[ClusterId, tuple[str, ...]]:
+        """What each cluster's model cache holds at the start (see ``ScenarioSpec.model_cache``)."""
+        every = tuple(sorted({d.model for d in self.deployments}))
+        default = every if self.spec.model_cache == "prefetched" else ()
+        return {ClusterId(c.id): tuple(sorted(set(c.model_cache))) if c.model_cache is not None else default
+                for c in self.spec.clusters}
 
     def where(self, *loc: str | int) -> str:
         """``FILE:LINE`` of a field (``where("deployments", 2, "workload", "rates")``), for errors

@@ -1,5 +1,6 @@
 """Every problem of a scenario (fleet) file, not the first: the schema (pydantic reports all its
-errors), duplicate ids, references (tenant, pool, cluster, deployment, model profile), the domain's
+errors), duplicate ids, references (tenant, pool, cluster, deployment, model profile, the models of
+a cluster's ``model_cache``), the domain's
 invariants per item, and workload files that do not exist. Each is reported as
 ``FILE:LINE: field.path: message``, the line found from the YAML node marks
 (:mod:`controlplane.sim.yamllines`).
@@ -119,6 +120,17 @@ def _reference_problems(raw: dict[str, Any]) -> Iterator[Problem]:
                 for pool in t[field]:
                     if isinstance(pool, str) and pool not in pools:
                         yield ("tenants", i, field, pool), f"no cluster has pool {pool!r} (pools: {known_pools})"
+    for i, cl in _items(raw, "clusters"):
+        cache = cl.get("model_cache")
+        listed: set[str] = set()
+        for k, model in enumerate(cache if isinstance(cache, list) else ()):
+            if isinstance(model, str) and model not in PROFILES:
+                yield ("clusters", i, "model_cache", k), (
+                    f"unknown model profile {model!r} (known: {', '.join(sorted(PROFILES))})")
+            elif isinstance(model, str) and model in listed:
+                yield ("clusters", i, "model_cache", k), f"model {model!r} is listed twice"
+            if isinstance(model, str):
+                listed.add(model)
     tenants = _ids(raw, "tenants")
     for i, d in _items(raw, "deployments"):
         tenant, pool, model = d.get("tenant"), d.get("pool"), d.get("model")

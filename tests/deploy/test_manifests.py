@@ -118,7 +118,7 @@ def test_rbac_has_no_wildcards_and_nothing_cluster_wide(folder: str) -> None:
 
 
 def test_rbac_checker_catches_wildcards_and_cluster_roles() -> None:
-    role = copy.deepcopy(one(render("overlays/single-region"), "Role"))
+    role = copy.deepcopy(one(render("overlays/single-region"), "Role", "controlplane-adapter"))
     role["rules"][0]["verbs"] = ["*"]
     role["rules"][1]["resources"] = ["*"]
     problems = rbac_problems([role])
@@ -139,13 +139,15 @@ _CALLS = {
     "replace_namespaced_stateful_set_scale": ("apps", "statefulsets/scale", "update"),
     "list_namespaced_pod": ("", "pods", "list"),
     "patch_namespaced_pod": ("", "pods", "patch"),
+    "list_namespaced_config_map": ("", "configmaps", "list"),
 }
 
 
 def backend_calls() -> set[tuple[str, str, str]]:
     """What adapters/kubernetes.py calls, read from its source (so a new call fails this test until
     the Role grants it, and a dropped one until the Role stops granting it)."""
-    source = (REPO / "adapters" / "kubernetes.py").read_text(encoding="utf-8")
+    source = "\n".join((REPO / "adapters" / name).read_text(encoding="utf-8")
+                        for name in ("kubernetes.py", "model_cache.py"))
     methods = set(re.findall(r"self\._(?:apps|core)\.(\w+)", source))
     unknown = methods - set(_CALLS)
     assert not unknown, f"adapters/kubernetes.py calls {sorted(unknown)}: add them to _CALLS and to the Role"
@@ -160,11 +162,15 @@ def test_the_adapter_role_grants_exactly_what_the_backend_calls(folder: str) -> 
     objs = render(folder)
     adapter_cfg = load_yaml(one(objs, "ConfigMap", "adapter-config")["data"]["adapter.yaml"])
     namespaces = {w["namespace"] for w in adapter_cfg["kubernetes"]["workloads"]}
-    roles = of_kind(objs, "Role")
+    adapter_sa = one(objs, "Deployment", "adapter")["spec"]["template"]["spec"]["serviceAccountName"]
+    bound = {b["roleRef"]["name"] for b in of_kind(objs, "RoleBinding")
+             if any(sub["name"] == adapter_sa for sub in b["subjects"])}
+    roles = [r for r in of_kind(objs, "Role") if r["metadata"]["name"] in bound]
     assert {r["metadata"]["namespace"] for r in roles} == namespaces, "one Role per managed namespace, no more"
     for role in roles:
         assert role_grants(role) == backend_calls(), ident(role)
-        [binding] = [b for b in of_kind(objs, "RoleBinding") if b["metadata"]["namespace"] == role["metadata"]["namespace"]]
+        [binding] = [b for b in of_kind(objs, "RoleBinding") if b["metadata"]["namespace"] == role["metadata"]["namespace"]
+                     and b["roleRef"]["name"] == role["metadata"]["name"]]
         assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]}
         deployment = one(objs, "Deployment", "adapter")
         sa = deployment["spec"]["template"]["spec"]["serviceAccountName"]

@@ -364,6 +364,30 @@ class FakeKubeApiServer:
     def pod_names(self, namespace: str, selector: dict[str, str] | None = None) -> list[str]:
         return [p["metadata"]["name"] for p in self.pods(namespace, selector)]
 
+    def put_configmap(self, namespace: str, name: str, data: dict[str, str],
+                      labels: dict[str, str] | None = None) -> None:
+        """Create or replace a ConfigMap (what the model-cache DaemonSet's pods write)."""
+        with self.cond:
+            old = self.store.objects.get(("configmaps", namespace, name))
+            meta = {"name": name, "namespace": namespace, "labels": dict(labels or {}),
+                    "uid": old["metadata"]["uid"] if old else str(uuid.uuid4()),
+                    "creationTimestamp": old["metadata"]["creationTimestamp"] if old else _now()}
+            self._write("configmaps", namespace, name, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta,
+                                                        "data": dict(data)})
+
+    def delete_configmap(self, namespace: str, name: str) -> None:
+        with self.cond:
+            self._delete_locked("configmaps", namespace, name)
+
+    def list_configmaps(self, namespace: str, selector: dict[str, str], limit: int | None = None) -> dict[str, Any]:
+        with self.cond:
+            items = [_public(o) for (r, ns, _), o in sorted(self.store.objects.items())
+                     if r == "configmaps" and ns == namespace and matches(o["metadata"].get("labels"), selector)]
+            meta: dict[str, Any] = {"resourceVersion": str(self.store.rv)}
+            if limit is not None and len(items) > limit:
+                items, meta["continue"] = items[:limit], "more"
+            return {"kind": "ConfigMapList", "apiVersion": "v1", "metadata": meta, "items": items}
+
     def set_pod_ready(self, namespace: str, name: str, ready: bool = True, *, ip: str | None = None) -> None:
         """Kubelet: the pod runs; its containers are (not) ready."""
         def change(pod: dict[str, Any]) -> None:
@@ -771,6 +795,7 @@ def _lease_object(namespace: str, body: dict[str, Any]) -> dict[str, Any]:
 # -- HTTP ---------------------------------------------------------------------------------------------
 APPS = re.compile(r"^/apis/apps/v1/namespaces/([^/]+)/(deployments|statefulsets)/([^/]+)(/scale)?$")
 PODS = re.compile(r"^/api/v1/namespaces/([^/]+)/pods(?:/([^/]+)(/status)?)?$")
+CONFIGMAPS = re.compile(r"^/api/v1/namespaces/([^/]+)/configmaps$")
 LEASES = re.compile(r"^/apis/coordination\.k8s\.io/v1/namespaces/([^/]+)/leases(?:/([^/]+))?$")
 
 
@@ -842,6 +867,12 @@ class _Handler(BaseHTTPRequestHandler):
                     return fake.patch("pods", ns, name, content_type, _json_body(raw, content_type))
                 if method == "DELETE":
                     return fake.delete("pods", ns, name)
+            raise _not_allowed(method)
+        if m := CONFIGMAPS.match(path):
+            (ns,) = m.groups()
+            if method == "GET":
+                limit = query.get("limit")
+                return fake.list_configmaps(ns, parse_selector(query.get("labelSelector", "")), int(limit) if limit else None)
             raise _not_allowed(method)
         if m := LEASES.match(path):
             ns, name = m.groups()

@@ -15,7 +15,7 @@ from controlplane.domain import commands as c
 from controlplane.domain.errors import PermanentError
 from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId, PoolId, TenantId, ZoneId
 from controlplane.domain.instances import TRANSITIONS, InitMethod, InstanceEvent, InstanceState
-from controlplane.domain.records import BreakerPhase, BreakerRecord, ObjectMeta, ScaleMemory
+from controlplane.domain.records import BreakerPhase, BreakerRecord, ModelCacheRecord, ObjectMeta, ScaleMemory
 from controlplane.domain.state import ControlState, Desired, apply, snapshot
 from controlplane.domain.tenants import HOUR_MS, MAX_PRIORITY, Deployment, Engine, ScalingPolicy, Slo, Tenant
 from controlplane.domain.tokens import Role, TokenRecord
@@ -132,6 +132,10 @@ clusters = st.builds(Cluster, ids, ids, ids, gpu_maps, texts, st.booleans(), st.
 zones = st.builds(Zone, ids, ids, st.booleans(), st.booleans())
 metas = st.builds(ObjectMeta, int64, int64, int64)
 breakers = st.builds(BreakerRecord, st.sampled_from(BreakerPhase), int64, int64, int64, st.booleans(), int64)
+model_caches = st.builds(
+    ModelCacheRecord, st.lists(st.text(min_size=1, max_size=20), unique=True, max_size=5).map(lambda m: tuple(sorted(m))),
+    naturals,
+)
 memories = st.builds(ScaleMemory, st.lists(st.tuples(int64, int64), max_size=5).map(tuple), int64, int64, int64, int64)
 
 SINGLE: dict[str, st.SearchStrategy[Any]] = {
@@ -158,6 +162,7 @@ SINGLE: dict[str, st.SearchStrategy[Any]] = {
         c.TransitionInstance, texts, st.sampled_from(InstanceEvent), int64, int64, st.booleans()
     ),
     "put_breaker": st.builds(c.PutBreaker, texts, breakers),
+    "put_model_cache": st.builds(c.PutModelCache, texts, model_caches),
 }
 DOMAIN_COMMANDS = st.one_of(*SINGLE.values())
 batches = st.recursive(
@@ -709,6 +714,8 @@ STATE_COMMANDS = st.one_of(  # creates first: Hypothesis leans towards the first
     st.builds(lambda b, e: c.RecordDemand(b * 10_000, tuple(e)), st.integers(0, 400),
               st.lists(st.tuples(st.sampled_from(DIDS), st.integers(0, 65_535)), max_size=3)),
     st.builds(c.PutBreaker, st.sampled_from(["cluster/c1", "adapter/c2", "x"]), breakers),
+    st.builds(lambda cid, m, t: c.PutModelCache(cid, ModelCacheRecord(m, t)), st.sampled_from(CIDS),
+              st.sampled_from([(), ("m",), ("a", "m")]), times),
     st.builds(c.RemoveDeployment, st.sampled_from(DIDS)),
     st.builds(c.RemoveTenant, st.sampled_from(TIDS)),
     st.builds(lambda z, r, co: c.PutZone(Zone(z, r, co), at_ms=7), st.sampled_from(["z1", "z2", "z3"]),
@@ -834,6 +841,7 @@ def built_state() -> ControlState:
         c.RecordDemand(50_000, ((DeploymentId("zeta"), 3),)),  # two empty buckets in between
         c.PutBreaker("z", BreakerRecord(BreakerPhase.OPEN, 3, 1, 9_000)),
         c.PutBreaker("a", BreakerRecord()),
+        c.PutModelCache(ClusterId("c2"), ModelCacheRecord(("m", "n"), 11)),
         c.PutZone(Zone(ZoneId("z2"), "eu", draining=True), at_ms=12),
         c.PutZone(Zone(ZoneId("z1")), at_ms=13),
         c.PutCluster(Cluster(ClusterId("c1"), ZoneId("z1"), capacity={"h100": 8}, cordoned=True), at_ms=14),
@@ -843,6 +851,16 @@ def built_state() -> ControlState:
     for cmd in log:
         assert apply(state, cmd).ok, cmd
     return state
+
+
+def test_model_caches_round_trip_and_a_snapshot_without_them_decodes() -> None:
+    state = built_state()
+    restored, _ = check_restored(state, LeaseRecord("n1", 7, 3, 3_000))
+    assert restored.model_caches == {"c2": ModelCacheRecord(("m", "n"), 11)}
+    # A snapshot written before the caches existed (COMMAND_VERSION 5) has no such key: empty caches.
+    doc = json.loads(encode_state(state, LeaseRecord()))
+    del doc["f"]["model_caches"]
+    assert decode_state(dumps(doc))[0].model_caches == {}
 
 
 def test_state_snapshot_keeps_history_in_the_indexes() -> None:
@@ -929,7 +947,8 @@ def test_the_state_document_is_as_described() -> None:
     doc = state_doc()
     assert (doc["v"], doc["k"]) == (CODEC_VERSION, "snapshot")
     assert set(doc["f"]) == {"tenants", "deployments", "clusters", "instances", "desired", "memory", "demand", "breakers",
-                             "zones", "tokens", "meta", "applied", "gpus_used_keys", "lease"}
+                             "zones", "tokens", "meta", "applied", "gpus_used_keys", "lease", "model_caches"}
+    assert doc["f"]["model_caches"] == [["c2", {"models": ["m", "n"], "at_ms": 11}]]
     assert [t["id"] for t in doc["f"]["clusters"]] == ["c2", "c1"]  # insertion order, not sorted
     assert decode_state(dumps(doc))[0].applied == built_state().applied
     with pytest.raises(CodecError, match="^k: unknown command kind 'snapshot'$"):

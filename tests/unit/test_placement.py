@@ -96,6 +96,30 @@ def test_place_table(name: str, count: int, free: dict, existing: list, blocked:
     assert got.unplaced == count - len(expected), name
 
 
+@pytest.mark.parametrize(
+    ("name", "count", "free", "existing", "blocked", "cached", "expected"),
+    [
+        ("a cached cluster wins inside the emptiest zone", 1, {"a1": 9, "a2": 9, "b1": 9, "c1": 9},
+         [inst("x", "zb", "b1"), inst("y", "zc", "c1")], [], ["a2"], ("a2",)),
+        ("it beats the spread over the clusters of one zone", 2, {"a1": 9, "a2": 9}, [], [], ["a2"],
+         ("a2", "a2")),
+        ("it never beats the zone spread", 3, {"a1": 9, "a2": 9, "b1": 9, "c1": 9}, [], [], ["b1"],
+         ("b1", "a1", "c1")),
+        ("nor a breaker", 1, {"a1": 9, "a2": 9}, [inst("x", "zb", "b1"), inst("y", "zc", "c1")], ["a2"], ["a2"],
+         ("a1",)),
+        ("nor capacity", 2, {"a1": 9, "a2": 1}, [inst("x", "zb", "b1"), inst("y", "zc", "c1")], [], ["a2"],
+         ("a2", "a1")),
+        ("every cluster cached: the placement without caches", 6, {"a1": 8, "a2": 8, "b1": 8, "c1": 8}, [], [],
+         ["a1", "a2", "b1", "c1"], ("a1", "b1", "c1", "a2", "b1", "c1")),
+    ],
+)
+def test_place_prefers_clusters_whose_model_cache_holds_the_model(
+    name: str, count: int, free: dict, existing: list, blocked: list, cached: list, expected: tuple
+) -> None:
+    got = place(dep(), count, THREE_ZONES, free, existing, blocked, cached=frozenset(cached))
+    assert got.clusters == expected, name
+
+
 def test_gpus_per_instance_is_consumed() -> None:
     got = place(dep(gpus=4), 4, [cl("a1", "za"), cl("b1", "zb")], {"a1": 8, "b1": 7}, [], [])
     assert got.clusters == ("a1", "b1", "a1")

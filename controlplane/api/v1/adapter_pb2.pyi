@@ -141,7 +141,7 @@ class GatewayQueue(_message.Message):
     def __init__(self, deployment_id: _Optional[str] = ..., waiting: _Optional[int] = ...) -> None: ...
 
 class ObservationBatch(_message.Message):
-    __slots__ = ("cluster_id", "seq", "at_ms", "samples", "reports", "gateway", "stream_id", "observe_failed")
+    __slots__ = ("cluster_id", "seq", "at_ms", "samples", "reports", "gateway", "stream_id", "observe_failed", "model_cache")
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     AT_MS_FIELD_NUMBER: _ClassVar[int]
@@ -150,6 +150,7 @@ class ObservationBatch(_message.Message):
     GATEWAY_FIELD_NUMBER: _ClassVar[int]
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     OBSERVE_FAILED_FIELD_NUMBER: _ClassVar[int]
+    MODEL_CACHE_FIELD_NUMBER: _ClassVar[int]
     cluster_id: str
     seq: int
     at_ms: int
@@ -158,7 +159,14 @@ class ObservationBatch(_message.Message):
     gateway: _containers.RepeatedCompositeFieldContainer[GatewayQueue]
     stream_id: str
     observe_failed: bool
-    def __init__(self, cluster_id: _Optional[str] = ..., seq: _Optional[int] = ..., at_ms: _Optional[int] = ..., samples: _Optional[_Iterable[_Union[InstanceSample, _Mapping]]] = ..., reports: _Optional[_Iterable[_Union[InstanceReport, _Mapping]]] = ..., gateway: _Optional[_Iterable[_Union[GatewayQueue, _Mapping]]] = ..., stream_id: _Optional[str] = ..., observe_failed: _Optional[bool] = ...) -> None: ...
+    model_cache: ModelCache
+    def __init__(self, cluster_id: _Optional[str] = ..., seq: _Optional[int] = ..., at_ms: _Optional[int] = ..., samples: _Optional[_Iterable[_Union[InstanceSample, _Mapping]]] = ..., reports: _Optional[_Iterable[_Union[InstanceReport, _Mapping]]] = ..., gateway: _Optional[_Iterable[_Union[GatewayQueue, _Mapping]]] = ..., stream_id: _Optional[str] = ..., observe_failed: _Optional[bool] = ..., model_cache: _Optional[_Union[ModelCache, _Mapping]] = ...) -> None: ...
+
+class ModelCache(_message.Message):
+    __slots__ = ("models",)
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, models: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ObserveRequest(_message.Message):
     __slots__ = ("cluster_id", "after_seq", "stream_id")

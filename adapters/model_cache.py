@@ -1,0 +1,94 @@
+"""Which models a Kubernetes cluster's node-local model cache holds, read from the cache DaemonSet's
+per-node ConfigMaps.
+
+The model-cache DaemonSet (``deploy/base/model-cache/``) runs one pod on every GPU node (those
+labelled ``controlplane.io/model-cache=enabled``). Each pod first writes the ConfigMap
+``model-cache-<node>`` (label ``controlplane.io/model-cache=node``, owned by the pod, so it goes
+when the pod or its node goes) with no models, then downloads the weights of every listed model into
+the node's hostPath cache and, as each completes, lists it in the ConfigMap's ``models`` (one name a
+line). The adapter lists those ConfigMaps in the engines' namespace and reports a model as cached
+only when **every** one of them lists it: an engine pod may land on any cache node, so only then is
+its start really ``cached`` (``controlplane/domain/start_tiers.py``). No cache nodes: an empty
+cache. ConfigMaps rather than node labels because both reading and writing node labels need
+cluster-wide RBAC, which this project grants nobody (``tests/deploy``).
+
+The list is read at most every ``refresh_s`` (the default 30 s; a download takes minutes); an API
+failure keeps the last answer (and reports nothing before the first one succeeds), so the
+observation pump never fails because of it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+
+import structlog
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+from pydantic import BaseModel, ConfigDict, Field
+from urllib3.exceptions import HTTPError as Urllib3Error
+
+log = structlog.get_logger("adapters.model_cache")
+
+NODE_LABEL = "controlplane.io/model-cache"
+"""Label of the per-node ConfigMaps (value ``node``) and of the cache nodes (value ``enabled``)."""
+MODELS_KEY = "models"
+"""ConfigMap data key: the models complete on the node, one name a line."""
+MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+MAX_NODES = 5_000
+"""Most ConfigMaps read per list (Kubernetes' own limit of nodes per cluster)."""
+
+
+class ModelCacheConfig(BaseModel):
+    """The ``kubernetes.model_cache`` section: where to read the node-local model cache."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    namespace: str = Field("serving", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+                           description="namespace of the cache DaemonSet and its per-node ConfigMaps")
+    selector: str = Field(f"{NODE_LABEL}=node", min_length=1, max_length=1000,
+                          description="label selector of the per-node ConfigMaps")
+    refresh_s: float = Field(30.0, ge=1, le=3600, description="how often the ConfigMaps are read")
+
+
+def cached_models(node_data: Iterable[Mapping[str, str] | None]) -> tuple[str, ...]:
+    """The models every node lists (``data.models``, one name a line), sorted; no nodes: none."""
+    held: set[str] | None = None
+    for data in node_data:
+        lines = ((data or {}).get(MODELS_KEY) or "").splitlines()
+        mine = {line.strip() for line in lines if MODEL_NAME.match(line.strip())}
+        held = mine if held is None else held & mine
+    return tuple(sorted(held or ()))
+
+
+class NodeCacheReader:
+    """Reads the per-node ConfigMaps through the Kubernetes API (``list configmaps`` in one namespace)."""
+
+    def __init__(self, core: k8s.CoreV1Api, config: ModelCacheConfig, clock_ms: Callable[[], int],
+                 timeout_s: float) -> None:
+        self._core = core
+        self._cfg = config
+        self._clock_ms = clock_ms
+        self._timeout_s = timeout_s
+        self._models: tuple[str, ...] | None = None
+        self._next_ms = 0
+        self.failures = 0
+
+    def models(self) -> tuple[str, ...] | None:
+        """The cached models (refreshed when due); None until a list has succeeded."""
+        now = self._clock_ms()
+        if now >= self._next_ms:
+            self._next_ms = now + int(self._cfg.refresh_s * 1000)
+            try:
+                maps = self._core.list_namespaced_config_map(
+                    self._cfg.namespace, label_selector=self._cfg.selector, limit=MAX_NODES,
+                    _request_timeout=self._timeout_s)
+                if maps.metadata is not None and maps.metadata._continue:
+                    raise OSError(f"more than {MAX_NODES} cache nodes: not all of them were read")
+                self._models = cached_models(m.data for m in maps.items or ())
+            except (ApiException, Urllib3Error, OSError) as exc:
+                self.failures += 1
+                reason = f"HTTP {exc.status} {exc.reason}" if isinstance(exc, ApiException) else str(exc)
+                log.warning("model_cache.list_failed", namespace=self._cfg.namespace, reason=reason,
+                            keeping=self._models)
+        return self._models
