@@ -83,7 +83,7 @@ a usable one:
    forecast now holds, sized from the bursts actually seen.
 
 Warm pool: ``deployment.warm_pool``, raised to ``ceil(forecast.total) - target`` with a usable
-forecast whose wake fits the SLO, within ``max_replicas - target``, never negative; 0 for an engine
+forecast whose wake fits the SLO and whose ``total`` is beyond the tolerance band above the target, within ``max_replicas - target``, never negative; 0 for an engine
 that cannot sleep (DeepSpeed-MII). Instances beyond the serving target that the restart horizon may
 need are so put to sleep instead of terminated (``reconcile``), and capacity the restart horizon may
 need is started one restart ahead.
@@ -417,7 +417,10 @@ def _warm_pool(deployment: Deployment, slo: Slo, target: int, forecast: Forecast
         return 0
     want = deployment.warm_pool
     if forecast is not None and wake_fits(deployment, slo, forecast):
-        want = max(want, _ceil(forecast.total) - target)
+        # Within the tolerance band of the serving target the restart horizon asks for nothing more
+        # (as for the target itself: noise around an integer must not create and drain Standbys).
+        if forecast.total > target * (1.0 + deployment.policy.tolerance):
+            want = max(want, _ceil(forecast.total) - target)
     return max(0, min(want, deployment.max_replicas - target))
 
 

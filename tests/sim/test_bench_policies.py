@@ -17,7 +17,7 @@ from tests.conftest import long_mode
 
 # Dynamo's rows run where Dynamo is installed (.venv-bench) and are skipped, with the reason, elsewhere.
 DYNAMO_REASON = dynamo_available()
-POLICIES = ["controlplane", "hpa", "kpa", "static", "oracle"] + (list(DYNAMO) if DYNAMO_REASON is None else [])
+POLICIES = ["controlplane", "controlplane-reactive", "hpa", "kpa", "static", "oracle"] + (list(DYNAMO) if DYNAMO_REASON is None else [])
 
 
 @pytest.mark.slow
@@ -48,7 +48,11 @@ def test_bench_policies_json_files_and_bound(tmp_path: Path, traces_dir: Path) -
             assert isinstance(e["scale_reversals"], int)
             assert set(e["ttft_ms"]) == {"p50", "p99", "p999"}
             assert e["ttft_ms"]["p50"] <= e["ttft_ms"]["p99"] <= e["ttft_ms"]["p999"]
-            assert {"cold_starts", "warm_starts", "preemptions", "dropped", "ratio_to_bound"} <= e.keys()
+            assert {"cold_starts", "warm_starts", "preemptions", "dropped", "ratio_to_bound", "warm_hit_rate",
+                    "scale_ups", "bursts", "bursts_unreached", "burst_to_capacity_s", "forecast_mape"} <= e.keys()
+        ft = trace["forecast_targets"]
+        assert {"slo_at_ratio", "warm_hit_rate", "burst_to_capacity_p99_s", "vs_reactive"} <= ft.keys()
+        assert all(isinstance(v.get("met", False), bool) for v in ft.values())
         by = {e["policy"]: e for e in entries}
         bound = by["oracle"]["gpu_hours"]
         # The clairvoyant bound is the least GPU time that meets the SLO: every policy that serves at
