@@ -459,14 +459,7 @@ def _dec_demand_entries(v: Any) -> tuple[tuple[str, int], ...]:
 def _demand_entry(entry: Any, i: int, kind: type) -> list[Any]:
     if type(entry) is not kind or len(entry) != 2:
         raise _Bad(f"expected a (deployment id, deci-replicas) pair, got {_kind(entry)}", f"[{i}]")
-    try:
-        did = _str(entry[0])
-    except _Bad as exc:
-        raise exc.at("[0]").at(f"[{i}]") from None
-    try:
-        return [did, _int(entry[1])]
-    except _Bad as exc:
-        raise exc.at("[1]").at(f"[{i}]") from None
+    return _memory_entry(entry, i, _int)
 
 
 INSTANCE = _Struct(

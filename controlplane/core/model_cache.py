@@ -1,7 +1,7 @@
 """The clusters' node-local model caches as replicated facts.
 
 Each adapter reports which models its cluster's cache holds (``Observations.model_caches``: the
-Kubernetes adapter reads the cache DaemonSet's node labels, the simulator its own cache). The lease
+Kubernetes adapter reads the cache DaemonSet's per-node ConfigMaps, the simulator its own cache). The lease
 holder turns a report that differs from the replicated :class:`ModelCacheRecord` into a
 ``PutModelCache`` command among the tick's facts, after the lifecycle transitions, so a
 ``start_warmup`` reported in the same batch records the tier its start really had (the cache as the

@@ -109,7 +109,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from controlplane.core.signals import FilteredSignals
-from controlplane.domain.demand import Forecast
+from controlplane.domain.demand import WAKE_REACTION_MS, Forecast
 from controlplane.domain.profiles import ModelProfile
 from controlplane.domain.records import ScaleMemory
 from controlplane.domain.tenants import Deployment, ScalingPolicy, Slo
@@ -399,10 +399,6 @@ def _load_demand(proposals: Mapping[str, float], serving: int) -> float:
 
 FORECAST_MIN_WINDOW_MS = 60_000
 """Shortest stabilization window with a usable forecast (module doc, stage 6)."""
-
-
-WAKE_REACTION_MS = 500
-"""Time from a burst's first requests to a wake command reaching the engine: one or two 250 ms ticks."""
 
 
 def wake_fits(deployment: Deployment, slo: Slo, forecast: Forecast) -> bool:

@@ -30,6 +30,9 @@ HISTORY_BUCKETS = 360
 """Buckets kept per deployment: one hour."""
 MAX_DECI = 65_535
 """Largest storable value (deci-replicas); larger demands saturate."""
+WAKE_REACTION_MS = 500
+"""Time from a burst's first requests to a wake command reaching the engine: one or two 250 ms
+ticks. Added to a wake for the forecast's wake horizon and for ``scaling.wake_fits``."""
 
 
 def to_deci(replicas: float) -> int:

@@ -73,8 +73,9 @@ def peaks(x: np.ndarray, k_wake: int, k_restart: int, quantile: float) -> Peaks:
     f_wake = horizon_peaks(x, k_wake)
     f_restart = horizon_peaks(x, k_restart)
     ready = np.maximum(np.quantile(f_wake, quantile, axis=1), now) + rise * k_wake
-    total = np.maximum(np.quantile(f_restart, quantile, axis=1), now) + rise * k_restart
-    expected = np.maximum(np.quantile(f_restart, 0.5, axis=1), now) + rise * k_restart
+    q_total, q_median = np.quantile(f_restart, [quantile, 0.5], axis=1)
+    total = np.maximum(q_total, now) + rise * k_restart
+    expected = np.maximum(q_median, now) + rise * k_restart
     return Peaks(ready, np.maximum(total, ready), expected)
 
 

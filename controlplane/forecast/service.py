@@ -26,7 +26,7 @@ from typing import Protocol
 import numpy as np
 import structlog
 
-from controlplane.domain.demand import BUCKET_MS, DemandHistory, Forecast
+from controlplane.domain.demand import BUCKET_MS, WAKE_REACTION_MS, DemandHistory, Forecast
 from controlplane.domain.ids import DeploymentId
 from controlplane.domain.state import ControlState
 from controlplane.domain.tenants import Deployment
@@ -35,8 +35,6 @@ from controlplane.forecast.model import buckets_for, peaks
 
 log = structlog.get_logger("controlplane.forecast")
 
-MAX_SCORES = 1_000_000
-"""Most scores kept for :meth:`HistoryForecaster.summary`."""
 MAPE_ALPHA = 1.0 / 60
 """Weight of each new scored bucket in the running MAPE (an exponential mean over ~10 minutes)."""
 
@@ -54,8 +52,6 @@ class ForecastConfig:
     """Share of past start horizons whose peak the capacity would have covered."""
     min_history_ms: int = 600_000
     """Least history before a forecast drives decisions (and at least four restart horizons)."""
-    reaction_ms: int = 1_000
-    """Added to the wake latency for the wake horizon: a burst is seen within a tick or two."""
     stale_ms: int = 3 * BUCKET_MS
     """A history whose newest bucket is older than this does not drive decisions."""
 
@@ -88,8 +84,9 @@ class HistoryForecaster:
         self._noted: str = ""
         self.fallbacks: Counter[str] = Counter()
         """Unusable forecasts by reason (``history``, ``stale``, ``nan``, ``error``), this process."""
-        self.scores: list[float] = []
-        """Every scored absolute percentage error, in order (bounded: the newest ``MAX_SCORES``)."""
+        self._score_sum = 0.0
+        self._scored = 0
+        """Sum and count of every scored absolute percentage error (this process)."""
 
     def forecasts(self, state: ControlState, now_ms: int) -> Mapping[DeploymentId, Forecast]:
         bucket = now_ms // BUCKET_MS
@@ -130,7 +127,7 @@ class HistoryForecaster:
                 out[did] = _fallback(h.end_ms, f"history stopped at t={h.end_ms}ms", wake_ms, restart_ms, cfg.quantile, n)
                 self._fell_back("stale")
                 continue
-            k_w = min(k_r, buckets_for(wake_ms + cfg.reaction_ms, BUCKET_MS)) if wake_ms > 0 else 0
+            k_w = min(k_r, buckets_for(wake_ms + WAKE_REACTION_MS, BUCKET_MS)) if wake_ms > 0 else 0
             groups.setdefault((n, k_w, k_r), []).append((did, h, wake_ms, restart_ms))
         for (n, k_w, k_r), members in groups.items():
             x = np.frombuffer(b"".join(h.data for _, h, _, _ in members), dtype="<u2").reshape(len(members), n) / 10.0
@@ -156,10 +153,9 @@ class HistoryForecaster:
     def summary(self) -> dict[str, object]:
         """What the simulator's JSON reports: MAPE over every scored forecast and per deployment,
         and the fallbacks by reason."""
-        scores = self.scores
         return {
-            "mape": round(sum(scores) / len(scores), 4) if scores else None,
-            "scored": len(scores),
+            "mape": round(self._score_sum / self._scored, 4) if self._scored else None,
+            "scored": self._scored,
             "fallbacks": dict(sorted(self.fallbacks.items())),
             "deployments": {did: {"mape": round(m, 4), "scored": n} for did, (m, n) in sorted(self._mape.items())},
         }
@@ -190,8 +186,8 @@ class HistoryForecaster:
                     ape = abs(expected - actual) / actual
                     old = self._mape.get(did)
                     self._mape[did] = (ape, 1) if old is None else (old[0] + MAPE_ALPHA * (ape - old[0]), old[1] + 1)
-                    if len(self.scores) < MAX_SCORES:
-                        self.scores.append(ape)
+                    self._score_sum += ape
+                    self._scored += 1
                     if self._on_score is not None:
                         self._on_score(ape)
             self._pending[did] = keep
