@@ -86,36 +86,34 @@ def test_same_seed_same_result_with_caches() -> None:
     assert runner.to_json(a) == runner.to_json(b)
 
 
+def one_cluster_scenario(tmp_path: Path, *, top: str = "", cluster_extra: str = "") -> Path:
+    """A one-cluster, one-deployment scenario file; ``top`` goes first, ``cluster_extra`` into the cluster."""
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        top + "clusters:\n"
+        f"  - {{id: c-a, zone: az-a, capacity: {{h100: 8}}{cluster_extra}}}\n"
+        "tenants:\n  - {id: t1, quota: {h100: 8}}\n"
+        "deployments:\n"
+        "  - {id: d1, tenant: t1, engine: vllm, model: llama3-8b-h100, pool: h100,\n"
+        "     workload: {generator: {duration_s: 10}}}\n"
+    )
+    return path
+
+
 @pytest.mark.parametrize(("cache", "needle"), [
     ("[llama3-8b-h100, nope]", "clusters[0].model_cache[1]: unknown model profile 'nope'"),
     ("[llama3-8b-h100, llama3-8b-h100]", "clusters[0].model_cache[1]: model 'llama3-8b-h100' is listed twice"),
     ("llama3-8b-h100", "clusters[0].model_cache: Input should be a valid list"),
 ])  # fmt: skip
 def test_bad_cache_lists_name_file_line_and_field(tmp_path: Path, cache: str, needle: str) -> None:
-    path = tmp_path / "s.yaml"
-    path.write_text(
-        "clusters:\n"
-        f"  - {{id: c-a, zone: az-a, capacity: {{h100: 8}}, model_cache: {cache}}}\n"
-        "tenants:\n  - {id: t1, quota: {h100: 8}}\n"
-        "deployments:\n"
-        "  - {id: d1, tenant: t1, engine: vllm, model: llama3-8b-h100, pool: h100,\n"
-        "     workload: {generator: {duration_s: 10}}}\n"
-    )
+    path = one_cluster_scenario(tmp_path, cluster_extra=f", model_cache: {cache}")
     with pytest.raises(ScenarioError) as info:
         load_scenario(path)
     assert any(p.startswith(f"{path}:2: ") and needle in p for p in info.value.problems), info.value.problems
 
 
 def test_bad_scenario_default(tmp_path: Path) -> None:
-    path = tmp_path / "s.yaml"
-    path.write_text(
-        "model_cache: sometimes\n"
-        "clusters:\n  - {id: c-a, zone: az-a, capacity: {h100: 8}}\n"
-        "tenants:\n  - {id: t1, quota: {h100: 8}}\n"
-        "deployments:\n"
-        "  - {id: d1, tenant: t1, engine: vllm, model: llama3-8b-h100, pool: h100,\n"
-        "     workload: {generator: {duration_s: 10}}}\n"
-    )
+    path = one_cluster_scenario(tmp_path, top="model_cache: sometimes\n")
     with pytest.raises(ScenarioError) as info:
         load_scenario(path)
     assert any(p.startswith(f"{path}:1: model_cache: ") and "prefetched" in p for p in info.value.problems)
