@@ -5,6 +5,7 @@ adapter's clock onto the receiver's (see :class:`adapters.client.ClockMap`)."""
 from __future__ import annotations
 
 from controlplane.api.v1 import adapter_pb2
+from controlplane.domain.engines import LOAD_FIELDS
 from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId
 from controlplane.domain.observations import InstanceReport, InstanceSample, Observations
 
@@ -33,11 +34,19 @@ def sample_message(s: InstanceSample) -> adapter_pb2.InstanceSample:
         instance_id=s.instance_id, deployment_id=s.deployment, at_ms=s.at_ms, running=s.running, waiting=s.waiting,
         kv_usage=s.kv_usage, prompt_tokens_per_s=s.prompt_tokens_per_s,
         generation_tokens_per_s=s.generation_tokens_per_s, gpu_mem_used_bytes=s.gpu_mem_used_bytes,
-        gpu_mem_total_bytes=s.gpu_mem_total_bytes, healthy=s.healthy,
+        gpu_mem_total_bytes=s.gpu_mem_total_bytes, healthy=s.healthy, unknown=list(s.unknown),
     )
     if s.ttft_p99_ms is not None:
         msg.ttft_p99_ms = s.ttft_p99_ms
+    if s.queue_p95_ms is not None:
+        msg.queue_p95_ms = s.queue_p95_ms
     return msg
+
+
+def unknown_fields(names: object) -> tuple[str, ...]:
+    """A peer's ``unknown`` list as a sample's: only :data:`LOAD_FIELDS` names, sorted, once each. A
+    name this version does not know is dropped (a newer adapter may know more fields)."""
+    return tuple(sorted({str(n) for n in names} & set(LOAD_FIELDS)))  # type: ignore[attr-defined]
 
 
 def observations_of(batch: adapter_pb2.ObservationBatch, shift_ms: int = 0) -> Observations:
@@ -48,6 +57,8 @@ def observations_of(batch: adapter_pb2.ObservationBatch, shift_ms: int = 0) -> O
             generation_tokens_per_s=m.generation_tokens_per_s,
             ttft_p99_ms=m.ttft_p99_ms if m.HasField("ttft_p99_ms") else None,
             gpu_mem_used_bytes=m.gpu_mem_used_bytes, gpu_mem_total_bytes=m.gpu_mem_total_bytes, healthy=m.healthy,
+            queue_p95_ms=m.queue_p95_ms if m.HasField("queue_p95_ms") else None,
+            unknown=unknown_fields(m.unknown),
         )
         for m in batch.samples
     )

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from controlplane.domain.errors import ValidationError, clip
 from controlplane.domain.ids import DeploymentId, PoolId, TenantId, id_problem
 from controlplane.domain.profiles import PROFILES
-from controlplane.domain.tenants import Deployment, Engine, ScalingPolicy, Slo, Tenant
+from controlplane.domain.tenants import Deployment, Engine, ScalingPolicy, Slo, Tenant, engine_policy
 
 
 class Strict(BaseModel):
@@ -84,7 +84,7 @@ def deployment_of(d: DeploymentBase, where: str) -> Deployment:
         return Deployment(
             id=DeploymentId(d.id), tenant=TenantId(d.tenant), engine=Engine(d.engine), model=d.model,
             pool=PoolId(d.pool), gpus_per_instance=profile.gpus_per_instance, min_replicas=d.min_replicas,
-            max_replicas=d.max_replicas, warm_pool=d.warm_pool, policy=ScalingPolicy(**d.policy.model_dump()),
+            max_replicas=d.max_replicas, warm_pool=d.warm_pool, policy=engine_policy(Engine(d.engine), d.policy.model_dump(exclude_unset=True)),
         )
     except ValidationError as exc:
         raise ValidationError(f"{where}.{exc.field.removeprefix('deployment.')}", exc.problem) from None

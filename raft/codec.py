@@ -358,7 +358,8 @@ POLICY = _Struct(
     _t("tolerance", _FLOAT), _t("stable_window_ms", _INT), _t("ewma_half_life_ms", _INT),
     _t("panic_window_ms", _INT), _t("panic_threshold", _FLOAT), _t("panic_hold_ms", _INT),
     _t("scale_down_stabilization_ms", _INT), _t("max_step_up", _INT), _t("max_step_down", _INT),
-    _t("scale_down_cooldown_ms", _INT), _t("ttft_slo_weight", _FLOAT),
+    _t("scale_down_cooldown_ms", _INT), _t("ttft_slo_weight", _FLOAT), _t("target_queue_p95_ms", _FLOAT),
+    omit_zero=("target_queue_p95_ms",),  # added after COMMAND_VERSION 6 shipped: older bytes stay the same
 )
 DEPLOYMENT = _Struct(
     Deployment, _t("id", _STR), _t("tenant", _STR), _t("engine", _ENGINE), _t("model", _STR), _t("pool", _STR),

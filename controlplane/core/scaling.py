@@ -42,7 +42,20 @@ its usage ratio); ``ceil`` allows 1e-9 of float slack (10.000000001 replicas is 
                  scale_down_stabilization_ms (HPA behaviour); scale-up is never delayed STABILIZED
     3. cooldown  at most one scale-down per scale_down_cooldown_ms                 COOLDOWN
     4. step      at most +max_step_up / -max_step_down per decision                STEP_LIMITED
-    5. clamp     [min_replicas, max_replicas], a hard bound that overrides 2-4     AT_MIN/AT_MAX
+    5. unknown   no scale-down while no load signal is known, or one is known       UNKNOWN_LOAD
+                 for only some serving instances, this tick (see below)
+    6. clamp     [min_replicas, max_replicas], a hard bound that overrides 2-5     AT_MIN/AT_MAX
+
+**Unknown load.** An engine that cannot report a metric (DeepSpeed-MII has no metrics endpoint;
+plain Triton exports no KV use or token counts), a failed scrape, an unhealthy instance or one
+that sent no sample leave a load signal *unknown* (no instance reported it) or *partial* (only
+some did; ``signals.aggregate``). Neither is fed into the filters, an unknown one proposes
+nothing, and stage 5 holds any scale-down: a 0 that means "cannot tell" never takes replicas
+away. Scale-ups still follow the known signals, TTFT and the queue time.
+
+``queue_p95_ms`` (``policy.target_queue_p95_ms`` > 0; Triton defaults to 120 ms) is a feedback
+signal like TTFT: ``min(serving x p95 / target, 2 x serving)`` when ``min(stable, panic)`` p95 is
+over the target and capacity is not on its way; it never asks for fewer replicas.
 
 **Panic** (bursts). Two panic demands are computed (TTFT is excluded: it lags and feeds back): one
 from concurrency, kv and tokens on the panic-window means, one from the *level* signals
@@ -69,7 +82,7 @@ without panic), also during a panic, so the window reflects the load when the pa
 Without one, or with one that is not ``usable``, the decision is the reactive pipeline above. With
 a usable one:
 
-6. ahead     target = max(target, ceil(need)), at most max_replicas, where need is
+7. ahead     target = max(target, ceil(need)), at most max_replicas, where need is
              ``forecast.ready`` when a Standby instance's wake fits the TTFT SLO
              (:func:`wake_fits`: wake + 0.5 s <= SLO), so the capacity the next wake horizon may
              need serves already and the rest may sleep; otherwise ``forecast.total``: everything
@@ -134,6 +147,9 @@ class ScaleReason(enum.Enum):
     SCALE_FROM_ZERO = "scale_from_zero"
     FORECAST = "forecast"
     """Raised ahead of demand to what the forecast says the next wake horizon may need."""
+    UNKNOWN_LOAD = "unknown_load"
+    """A scale-down was held: a load signal is unknown or only partly known this tick (the engine
+    cannot report it, a scrape failed, an instance sent no sample), so the load may be higher."""
     DELETING = "deleting"
     """Set by the planner, not by :func:`decide`: the deployment is being deleted (target 0)."""
 
@@ -160,7 +176,7 @@ class ScaleDecision:
     forecast: Forecast | None = None
     """The forecast the decision read (usable or not), for ``explain``."""
     reactive: int | None = None
-    """The target before the forecast raised it (stage 6); None: the same as ``target``. The
+    """The target before the forecast raised it (stage 7); None: the same as ``target``. The
     planner holds a raise within the tenant's quota (``reconcile``)."""
 
 
@@ -239,16 +255,49 @@ def ttft_demand(policy: ScalingPolicy, slo: Slo, ttft_p99_ms: float | None, serv
     return min(serving * (1.0 + policy.ttft_slo_weight * (ratio - 1.0)), 2.0 * serving)
 
 
+def queue_demand(policy: ScalingPolicy, queue_p95_ms: float | None, serving: int) -> float | None:
+    """Replicas an engine queue-time p95 above ``policy.target_queue_p95_ms`` asks for
+    (``serving x p95 / target``, at most twice ``serving``); None within the target or disabled."""
+    if queue_p95_ms is None or serving <= 0 or policy.target_queue_p95_ms <= 0:
+        return None
+    ratio = queue_p95_ms / policy.target_queue_p95_ms
+    if ratio <= 1.0:
+        return None
+    return min(serving * ratio, 2.0 * serving)
+
+
+def _feedback(signals: FilteredSignals, name: str) -> float | None:
+    """A feedback signal over its target persistently *and* now: min(stable, panic-window mean)."""
+    stable, fresh = signals.stable.get(name), signals.panic.get(name)
+    return None if stable is None or fresh is None else min(stable, fresh)
+
+
 def _stable_demand(
     policy: ScalingPolicy, profile: ModelProfile | None, slo: Slo, signals: FilteredSignals, current: int
 ) -> dict[str, float]:
-    out = demand(policy, profile, signals.stable)
-    stable_ttft, fresh_ttft = signals.stable.get("ttft_p99_ms"), signals.panic.get("ttft_p99_ms")
-    ttft = None if stable_ttft is None or fresh_ttft is None else min(stable_ttft, fresh_ttft)
-    t = ttft_demand(policy, slo, ttft, signals.serving) if signals.serving >= current else None
-    if t is not None:
-        out["ttft_p99_ms"] = t
+    out = demand(policy, profile, {k: v for k, v in signals.stable.items() if k not in signals.unknown})
+    if signals.serving >= current:  # not while capacity is on its way (module doc)
+        t = ttft_demand(policy, slo, _feedback(signals, "ttft_p99_ms"), signals.serving)
+        if t is not None:
+            out["ttft_p99_ms"] = t
+        q = queue_demand(policy, _feedback(signals, "queue_p95_ms"), signals.serving)
+        if q is not None:
+            out["queue_p95_ms"] = q
     return out
+
+
+def _hold_unknown(stage: _Stage, signals: FilteredSignals, current: int) -> _Stage:
+    """No scale-down on a load that is not wholly known: with no load signal known, or one known
+    only in part, this tick, the load may be higher than what was counted (the 0 of an engine that
+    cannot report a metric is not "idle")."""
+    if stage.target >= current or (signals.known_load and not signals.partial):
+        return stage
+    if not signals.known_load:
+        why = f"no load signal is known ({', '.join(sorted(signals.unknown)) or 'none reported'})"
+    else:
+        why = f"{', '.join(sorted(signals.partial))} known for only some instances"
+    note = f"scale-down to {stage.target} held at {current}: {why}"
+    return _Stage(current, ScaleReason.UNKNOWN_LOAD, stage.notes + (note,))
 
 
 def _panic_demand(
@@ -398,7 +447,7 @@ def _load_demand(proposals: Mapping[str, float], serving: int) -> float:
 
 
 FORECAST_MIN_WINDOW_MS = 60_000
-"""Shortest stabilization window with a usable forecast (module doc, stage 6)."""
+"""Shortest stabilization window with a usable forecast (module doc, stage 7)."""
 
 
 def wake_fits(deployment: Deployment, slo: Slo, forecast: Forecast) -> bool:
@@ -466,7 +515,7 @@ def decide(
 ) -> ScaleDecision:
     """The desired replica count and warm pool of ``deployment`` at ``now_ms`` (see the module doc)."""
     current = max(0, current)
-    if signals is None or "concurrency" not in signals.stable:
+    if signals is None or not signals.stable:
         return _no_data(deployment, slo, memory, current, forecast)
     policy = deployment.policy
     usable = forecast if forecast is not None and forecast.usable else None
@@ -474,7 +523,7 @@ def decide(
     if usable is not None:
         window = min(window, max(FORECAST_MIN_WINDOW_MS, usable.restart_ms))
     proposals = _stable_demand(policy, profile, slo, signals, current)
-    stable = max(proposals.values())
+    stable = max(proposals.values(), default=0.0)
     panic = _panic_state(policy, profile, signals, memory, current, now_ms)
     recommended = _recommend(policy, stable, current)
     recs = push_rec(memory.recs, recommended[0], now_ms, window)
@@ -482,12 +531,14 @@ def decide(
     stage = _stabilize(window, stage, recs, current)
     stage = _cooldown(policy, stage, memory, current, now_ms)
     stage = _step(policy, stage, current)
+    stage = _hold_unknown(stage, signals, current)
     stage = _clamp(deployment, stage)
     reactive = stage.target
     if usable is not None:
         stage = _ahead(deployment, slo, stage, usable, current)
     target = stage.target
-    recorded = _load_demand(proposals, signals.serving)
+    # A load not wholly known is not recorded: the forecast would learn a lower bound as demand.
+    recorded = _load_demand(proposals, signals.serving) if signals.known_load and not signals.partial else None
     next_memory = ScaleMemory(
         recs=recs,
         panic_until_ms=panic.until_ms,

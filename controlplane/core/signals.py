@@ -70,9 +70,16 @@ from controlplane.domain.observations import DeploymentSignals, InstanceSample
 from controlplane.domain.tenants import ScalingPolicy
 
 SIGNALS: tuple[str, ...] = (
-    "concurrency", "kv_usage", "prompt_tokens_per_s", "generation_tokens_per_s", "ttft_p99_ms"
+    "concurrency", "kv_usage", "prompt_tokens_per_s", "generation_tokens_per_s", "ttft_p99_ms", "queue_p95_ms"
 )
 """Filtered signal names, in the order of :attr:`SignalMemory.filters`."""
+LOAD_SIGNALS: tuple[str, ...] = ("concurrency", "kv_usage", "prompt_tokens_per_s", "generation_tokens_per_s")
+"""The signals summed from the instances' load fields; each may be unknown (``DeploymentSignals``)."""
+SIGNAL_FIELDS: Mapping[str, tuple[str, ...]] = {
+    "concurrency": ("running", "waiting"), "kv_usage": ("kv_usage",),
+    "prompt_tokens_per_s": ("prompt_tokens_per_s",), "generation_tokens_per_s": ("generation_tokens_per_s",),
+}
+"""The :data:`~controlplane.domain.engines.LOAD_FIELDS` each load signal is summed from."""
 
 BUCKET_MS = 250
 """Width of a window bucket: one decision tick."""
@@ -192,6 +199,15 @@ class FilteredSignals:
     """The stable TTFT p99 bound (None when no request started within the stable window)."""
     latest: Mapping[str, float] = field(default_factory=dict)
     """Mean of the newest bucket within the panic window (the last tick's sample)."""
+    unknown: frozenset[str] = frozenset()
+    """Load signals no serving instance could report at the last tick (``DeploymentSignals``)."""
+    partial: frozenset[str] = frozenset()
+    """Load signals only some serving instances could report at the last tick (lower bounds)."""
+
+    @property
+    def known_load(self) -> tuple[str, ...]:
+        """Load signals every serving instance reported at the last tick."""
+        return tuple(n for n in LOAD_SIGNALS if n not in self.unknown and n not in self.partial)
 
 
 def filter_of(mem: SignalMemory, name: str) -> WindowFilter:
@@ -203,14 +219,20 @@ def filter_of(mem: SignalMemory, name: str) -> WindowFilter:
 
 
 def sample_values(sig: DeploymentSignals) -> dict[str, float | None]:
-    """The value of each signal in one deployment sample (None: no sample for that signal)."""
-    return {
+    """The value of each signal in one deployment sample (None: no sample for that signal). A load
+    signal that is unknown or only partly known this tick is not fed: the window keeps only values
+    that are the whole load, so a lower bound never lowers a later mean."""
+    values: dict[str, float | None] = {
         "concurrency": float(sig.running + sig.waiting),
         "kv_usage": sig.kv_usage * sig.serving,
         "prompt_tokens_per_s": sig.prompt_tokens_per_s,
         "generation_tokens_per_s": sig.generation_tokens_per_s,
         "ttft_p99_ms": sig.ttft_p99_ms,
+        "queue_p95_ms": sig.queue_p95_ms,
     }
+    for name in sig.unknown | sig.partial:
+        values[name] = None
+    return values
 
 
 def update(mem: SignalMemory, sig: DeploymentSignals, policy: ScalingPolicy, now_ms: int) -> SignalMemory:
@@ -235,7 +257,7 @@ def update(mem: SignalMemory, sig: DeploymentSignals, policy: ScalingPolicy, now
 def filtered(
     mem: SignalMemory, sig: DeploymentSignals, policy: ScalingPolicy, now_ms: int
 ) -> FilteredSignals | None:
-    """The filtered views at ``now_ms``; None when no concurrency sample lies in the stable window.
+    """The filtered views at ``now_ms``; None when no sample of any signal lies in the stable window.
 
     ``sig`` (the latest sample, already fed by :func:`update`) supplies the serving count.
     """
@@ -253,13 +275,14 @@ def filtered(
         if fast is not None and last is not None:
             panic[name] = fast
             latest[name] = last
-    if "concurrency" not in stable:
+    if not stable:
         return None
-    return FilteredSignals(now_ms, sig.serving, stable, panic, stable.get("ttft_p99_ms"), latest)
+    return FilteredSignals(now_ms, sig.serving, stable, panic, stable.get("ttft_p99_ms"), latest,
+                           sig.unknown, sig.partial)
 
 
 def aggregate(
-    samples: Sequence[InstanceSample], serving: int, gateway_waiting: int, now_ms: int
+    samples: Sequence[InstanceSample], serving: int, gateway_waiting: int, now_ms: int, *, unsampled: int = 0
 ) -> DeploymentSignals:
     """One deployment sample from its serving instances' samples and the gateway's queue.
 
@@ -271,10 +294,16 @@ def aggregate(
       instance's requests lie above its own p99, so at most 1 % of all lie above the largest), so
       the maximum is a conservative bound. None when no instance reported one.
     * gpu_mem_frac: the highest ``used / total`` among samples with a known total.
+    * queue_p95_ms: the maximum of the instances' queue-time p95s (the same bound as TTFT).
+    * unknown / partial: per load signal, whether no sample or only some samples could report the
+      fields it is summed from (``InstanceSample.unknown``; an unhealthy sample reports none, and
+      each of the ``unsampled`` serving instances without a sample counts as one that could not).
 
     Non-finite or negative readings are skipped (a broken exporter must not scale a deployment).
     """
-    kv = [min(1.0, s.kv_usage) for s in samples if _usable(s.kv_usage)]
+    unknown, partial = _coverage(samples, unsampled)
+    kv = [min(1.0, s.kv_usage) for s in samples if _usable(s.kv_usage) and s.healthy and s.knows("kv_usage")]
+    queue = [s.queue_p95_ms for s in samples if s.queue_p95_ms is not None and _usable(s.queue_p95_ms)]
     ttfts = [s.ttft_p99_ms for s in samples if s.ttft_p99_ms is not None and _usable(s.ttft_p99_ms)]
     mem = [s.gpu_mem_used_bytes / s.gpu_mem_total_bytes for s in samples if s.gpu_mem_total_bytes > 0]
     return DeploymentSignals(
@@ -289,7 +318,25 @@ def aggregate(
         ),
         ttft_p99_ms=max(ttfts) if ttfts else None,
         gpu_mem_frac=max(mem) if mem else 0.0,
+        queue_p95_ms=max(queue) if queue else None,
+        unknown=unknown,
+        partial=partial,
     )
+
+
+def _coverage(samples: Sequence[InstanceSample], unsampled: int) -> tuple[frozenset[str], frozenset[str]]:
+    """(unknown, partial) load signals: reported by no sample / by some but not all."""
+    total = len(samples) + max(0, unsampled)
+    if total == 0:
+        return frozenset(), frozenset()  # nothing serves: the gateway queue is the whole load
+    unknown, partial = set(), set()
+    for name, fields in SIGNAL_FIELDS.items():
+        knowing = sum(1 for s in samples if s.healthy and all(s.knows(f) for f in fields))
+        if knowing == 0:
+            unknown.add(name)
+        elif knowing < total:
+            partial.add(name)
+    return frozenset(unknown), frozenset(partial)
 
 
 def _usable(x: float) -> bool:

@@ -34,6 +34,17 @@ class InstanceSample:
     gpu_mem_used_bytes: int = 0
     gpu_mem_total_bytes: int = 0
     healthy: bool = True
+    queue_p95_ms: float | None = None
+    """p95 of the time requests waited in the engine's queue before being scheduled, over the last
+    sample interval (vLLM ``request_queue_time_seconds``, Triton queue duration); None when the
+    engine cannot tell or no request left the queue."""
+    unknown: tuple[str, ...] = ()
+    """The :data:`~controlplane.domain.engines.LOAD_FIELDS` this sample cannot supply (sorted): the
+    engine does not export them (DeepSpeed-MII without its meter, KV use on plain Triton) or the
+    scrape failed. Their values are 0 and mean nothing: an unknown signal never scales down."""
+
+    def knows(self, name: str) -> bool:
+        return name not in self.unknown
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +64,15 @@ class DeploymentSignals:
     ttft_p99_ms: float | None
     gpu_mem_frac: float = 0.0
     """Highest GPU memory fraction among serving instances (NVML), for headroom checks."""
+    queue_p95_ms: float | None = None
+    """An upper bound of the deployment's engine queue-time p95 (the largest instance p95)."""
+    unknown: frozenset[str] = frozenset()
+    """Load signal names (:data:`controlplane.core.signals.LOAD_SIGNALS`) that no serving instance
+    could report (the engine cannot: plain Triton's KV use, DeepSpeed-MII without its meter): their
+    value here is 0 and means nothing."""
+    partial: frozenset[str] = frozenset()
+    """Load signals some serving instances reported and some could not (a failed scrape, an
+    unhealthy or unsampled instance): their value is only a lower bound."""
 
     @property
     def concurrency(self) -> int:

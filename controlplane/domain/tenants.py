@@ -9,11 +9,11 @@ Constructors validate their invariants and raise :class:`ValidationError` naming
 
 from __future__ import annotations
 
-import enum
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from controlplane.domain.engines import Engine  # noqa: F401 - re-exported: Engine has always been imported from here
 from controlplane.domain.errors import ValidationError, clip
 from controlplane.domain.ids import DeploymentId, PoolId, TenantId, deployment_id_problem, id_problem, split_deployment_id
 
@@ -90,18 +90,6 @@ class Tenant:
         return self.quota.get(pool, 0) + self.borrow_limit.get(pool, 0)
 
 
-class Engine(enum.Enum):
-    VLLM = "vllm"
-    TRITON = "triton"
-    DEEPSPEED_MII = "deepspeed-mii"
-
-    @property
-    def can_sleep(self) -> bool:
-        """vLLM sleeps (``/sleep``) and Triton unloads its model (explicit model control); DeepSpeed-MII
-        has neither (CONTRACTS.md), so it gets no Standby instances: its warm path is a restart."""
-        return self is not Engine.DEEPSPEED_MII
-
-
 @dataclass(frozen=True, slots=True)
 class ScalingPolicy:
     """How a deployment's replica count follows its load. Defaults are the product's defaults.
@@ -146,6 +134,11 @@ class ScalingPolicy:
     """Least time between two scale-down steps."""
     ttft_slo_weight: float = 1.0
     """How strongly a TTFT p99 above the SLO pushes the replica count up (0 disables the signal)."""
+    target_queue_p95_ms: float = 0.0
+    """p95 of the time requests wait in the engine's queue that the deployment should stay under;
+    above it, ``serving x p95 / target`` replicas are asked for (a feedback signal like TTFT: it
+    only ever asks for more). 0 disables it; Triton defaults to 120 ms
+    (:data:`~controlplane.domain.engines.TRITON_QUEUE_P95_TARGET_MS`)."""
 
     def __post_init__(self) -> None:
         check_range("policy.target_concurrency", self.target_concurrency, 0.01, 100_000)
@@ -167,6 +160,14 @@ class ScalingPolicy:
         check_int("policy.max_step_down", self.max_step_down, 1, 100_000)
         check_int("policy.scale_down_cooldown_ms", self.scale_down_cooldown_ms, 0, HOUR_MS)
         check_range("policy.ttft_slo_weight", self.ttft_slo_weight, 0.0, 10.0)
+        check_range("policy.target_queue_p95_ms", self.target_queue_p95_ms, 0.0, HOUR_MS)
+
+
+def engine_policy(engine: Engine, settings: Mapping[str, object] | None = None) -> ScalingPolicy:
+    """The policy of a deployment of ``engine``: the product defaults, then the engine's own defaults
+    (``Engine.capabilities.policy_defaults``: Triton's 120 ms queue target, MII's 0.85 token
+    utilisation), then what the deployment sets itself (``settings``: only the fields it set)."""
+    return ScalingPolicy(**{**engine.capabilities.policy_defaults, **(settings or {})})  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, slots=True)

@@ -415,11 +415,17 @@ class ControlLoop:
             target = state.deployments[inst.deployment].policy.target_concurrency
             loads[s.instance_id] = min(1.0, max(s.kv_usage, (s.running + s.waiting) / target))
         gateway = dict(obs.gateway_waiting)
+        serving: dict[DeploymentId, int] = {}
+        for inst in state.instances.values():
+            if inst.state in SERVING_STATES:
+                serving[inst.deployment] = serving.get(inst.deployment, 0) + 1
         out: dict[DeploymentId, signals.FilteredSignals | None] = {}
         for dep_id in sorted(state.deployments):
             d = state.deployments[dep_id]
             samples = by_dep.get(dep_id, [])
-            agg = signals.aggregate(samples, len(samples), gateway.get(dep_id, 0), now_ms)
+            # A serving instance that sent no sample leaves the load partly unknown (no scale-down).
+            unsampled = max(0, serving.get(dep_id, 0) - len({s.instance_id for s in samples}))
+            agg = signals.aggregate(samples, len(samples), gateway.get(dep_id, 0), now_ms, unsampled=unsampled)
             mem = signals.update(self._filters.get(dep_id, signals.EMPTY_SIGNALS), agg, d.policy, now_ms)
             self._filters[dep_id] = mem
             out[dep_id] = signals.filtered(mem, agg, d.policy, now_ms)

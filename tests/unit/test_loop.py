@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
 from controlplane.core import reconcile as r
+from controlplane.core.signals import LOAD_SIGNALS
 from controlplane.domain import commands as c
 from controlplane.domain.errors import CommitTimeout, NotFound, StaleEpoch, Unavailable
 from controlplane.domain.ids import (
@@ -59,6 +60,11 @@ TICK_MS = 250
 EPOCH = 7
 
 # --- fakes ----------------------------------------------------------------------------------------
+
+
+def idle(ids: Sequence[str], at_ms: int) -> list[InstanceSample]:
+    """Idle samples of ``ids``: a scale-in needs the load known (a silent instance holds it)."""
+    return [InstanceSample(InstanceId(i), DeploymentId("chat"), at_ms, 0, 0, 0.0, 0.0, 0.0) for i in ids]
 
 
 class ScriptedSource:
@@ -241,6 +247,7 @@ def test_commands_are_committed_before_they_are_sent_in_plan_order_with_fences()
     # drained with the scale-in grace, the Pending one cancelled), then a Ready one refills the pool.
     t3 = t2 + TICK_MS
     rg.commit(chat(1, 1))
+    rg.source.at(t3, samples=idle(ids, t3))
     rep = rg.loop.tick(t3)
     plan_actions = actionable(rep.plan)
     assert plan_actions == [("drain", ids[0]), ("cancel", f"chat-{t2}-0"), ("sleep", ids[1])]
@@ -457,6 +464,7 @@ def test_an_undeliverable_drain_is_delivered_once_the_cluster_is_back() -> None:
     rg.source.at(T0 + 1_000, reports=[report(i, ev, T0 + 500) for i in (a, b) for ev in (E.START_WARMUP, E.WARMED)])
     rg.loop.tick(T0 + 1_000)
     rg.commit(chat(1))
+    rg.source.at(T0 + 2_000, samples=idle((a, b), T0 + 2_000))
     rep = rg.loop.tick(T0 + 2_000)
     (drained,) = [i for action, i in actionable(rep.plan) if action == "drain"]
     assert rep.send_failures == 1
@@ -616,10 +624,12 @@ def test_a_new_holder_rebuilds_its_filters_from_the_adapters_recent_samples() ->
         if expect_replay:
             assert source.asked == [t0 - REPORT_REPLAY_MS]  # reports: 2 min; samples: the 30 s stable window
             assert loop.statistics().replayed_epochs == 1
-            # 80 replayed samples of 240 in flight, then this tick's own (idle) sample.
-            assert sig is not None and sig.stable["concurrency"] == pytest.approx(240.0 * 80 / 81)
+            # 80 replayed samples of 240 in flight; this tick brought no sample of the serving i1, so
+            # its load is unknown now and not fed as a 0.
+            assert sig is not None and sig.stable["concurrency"] == pytest.approx(240.0)
+            assert sig.unknown == frozenset(LOAD_SIGNALS)
         else:
-            assert sig is not None and sig.stable["concurrency"] == 0.0  # nothing to rebuild from
+            assert sig is None  # nothing to rebuild from, and this tick's load is unknown
 
 
 def test_a_new_holder_commits_the_lifecycle_reports_its_predecessor_did_not() -> None:
@@ -873,6 +883,7 @@ def test_reports_gathered_while_the_lease_lapsed_are_committed_when_the_same_epo
     rg.source.at(T0 + 1_000, reports=[report(i, ev, T0 + 500) for i in (a, b) for ev in (E.START_WARMUP, E.WARMED)])
     rg.loop.tick(T0 + 1_000)
     rg.commit(chat(1))
+    rg.source.at(T0 + 2_000, samples=idle((a, b), T0 + 2_000))
     rep = rg.loop.tick(T0 + 2_000)
     (victim,) = [i for action, i in actionable(rep.plan) if action == "drain"]
     assert rg.state.instances[victim].state is S.DRAINING

@@ -177,7 +177,8 @@ def test_update_feeds_every_signal_and_skips_a_missing_ttft() -> None:
         EMPTY_SIGNALS, sig(1_000, running=10, waiting=5, serving=4, kv=0.5, prompt_tps=700.0, gen_tps=200.0),
         POLICY, 1_000,
     )
-    assert SIGNALS == ("concurrency", "kv_usage", "prompt_tokens_per_s", "generation_tokens_per_s", "ttft_p99_ms")
+    assert SIGNALS == ("concurrency", "kv_usage", "prompt_tokens_per_s", "generation_tokens_per_s", "ttft_p99_ms",
+                       "queue_p95_ms")
     assert [name for name, _ in mem.filters] == list(SIGNALS)
     assert mem.last_ms == 1_000
     assert filter_of(mem, "concurrency").ewma == 15.0

@@ -93,7 +93,7 @@ class ScaleRequest(_message.Message):
     def __init__(self, cluster_id: _Optional[str] = ..., fence: _Optional[_Union[FenceToken, _Mapping]] = ..., request_id: _Optional[str] = ..., deployment_id: _Optional[str] = ..., replicas: _Optional[int] = ..., victims: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class InstanceSample(_message.Message):
-    __slots__ = ("instance_id", "deployment_id", "at_ms", "running", "waiting", "kv_usage", "prompt_tokens_per_s", "generation_tokens_per_s", "ttft_p99_ms", "gpu_mem_used_bytes", "gpu_mem_total_bytes", "healthy")
+    __slots__ = ("instance_id", "deployment_id", "at_ms", "running", "waiting", "kv_usage", "prompt_tokens_per_s", "generation_tokens_per_s", "ttft_p99_ms", "gpu_mem_used_bytes", "gpu_mem_total_bytes", "healthy", "queue_p95_ms", "unknown")
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     DEPLOYMENT_ID_FIELD_NUMBER: _ClassVar[int]
     AT_MS_FIELD_NUMBER: _ClassVar[int]
@@ -106,6 +106,8 @@ class InstanceSample(_message.Message):
     GPU_MEM_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
     GPU_MEM_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_P95_MS_FIELD_NUMBER: _ClassVar[int]
+    UNKNOWN_FIELD_NUMBER: _ClassVar[int]
     instance_id: str
     deployment_id: str
     at_ms: int
@@ -118,7 +120,9 @@ class InstanceSample(_message.Message):
     gpu_mem_used_bytes: int
     gpu_mem_total_bytes: int
     healthy: bool
-    def __init__(self, instance_id: _Optional[str] = ..., deployment_id: _Optional[str] = ..., at_ms: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., prompt_tokens_per_s: _Optional[float] = ..., generation_tokens_per_s: _Optional[float] = ..., ttft_p99_ms: _Optional[float] = ..., gpu_mem_used_bytes: _Optional[int] = ..., gpu_mem_total_bytes: _Optional[int] = ..., healthy: _Optional[bool] = ...) -> None: ...
+    queue_p95_ms: float
+    unknown: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, instance_id: _Optional[str] = ..., deployment_id: _Optional[str] = ..., at_ms: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., prompt_tokens_per_s: _Optional[float] = ..., generation_tokens_per_s: _Optional[float] = ..., ttft_p99_ms: _Optional[float] = ..., gpu_mem_used_bytes: _Optional[int] = ..., gpu_mem_total_bytes: _Optional[int] = ..., healthy: _Optional[bool] = ..., queue_p95_ms: _Optional[float] = ..., unknown: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class InstanceReport(_message.Message):
     __slots__ = ("instance_id", "event", "at_ms", "detail")

@@ -146,7 +146,7 @@ class UpdateTenantRequest(_message.Message):
     def __init__(self, tenant: _Optional[_Union[Tenant, _Mapping]] = ...) -> None: ...
 
 class ScalingPolicy(_message.Message):
-    __slots__ = ("target_concurrency", "target_kv_usage", "target_token_utilization", "tolerance", "stable_window_ms", "ewma_half_life_ms", "panic_window_ms", "panic_threshold", "panic_hold_ms", "scale_down_stabilization_ms", "max_step_up", "max_step_down", "scale_down_cooldown_ms", "ttft_slo_weight")
+    __slots__ = ("target_concurrency", "target_kv_usage", "target_token_utilization", "tolerance", "stable_window_ms", "ewma_half_life_ms", "panic_window_ms", "panic_threshold", "panic_hold_ms", "scale_down_stabilization_ms", "max_step_up", "max_step_down", "scale_down_cooldown_ms", "ttft_slo_weight", "target_queue_p95_ms")
     TARGET_CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
     TARGET_KV_USAGE_FIELD_NUMBER: _ClassVar[int]
     TARGET_TOKEN_UTILIZATION_FIELD_NUMBER: _ClassVar[int]
@@ -161,6 +161,7 @@ class ScalingPolicy(_message.Message):
     MAX_STEP_DOWN_FIELD_NUMBER: _ClassVar[int]
     SCALE_DOWN_COOLDOWN_MS_FIELD_NUMBER: _ClassVar[int]
     TTFT_SLO_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    TARGET_QUEUE_P95_MS_FIELD_NUMBER: _ClassVar[int]
     target_concurrency: float
     target_kv_usage: float
     target_token_utilization: float
@@ -175,7 +176,8 @@ class ScalingPolicy(_message.Message):
     max_step_down: int
     scale_down_cooldown_ms: int
     ttft_slo_weight: float
-    def __init__(self, target_concurrency: _Optional[float] = ..., target_kv_usage: _Optional[float] = ..., target_token_utilization: _Optional[float] = ..., tolerance: _Optional[float] = ..., stable_window_ms: _Optional[int] = ..., ewma_half_life_ms: _Optional[int] = ..., panic_window_ms: _Optional[int] = ..., panic_threshold: _Optional[float] = ..., panic_hold_ms: _Optional[int] = ..., scale_down_stabilization_ms: _Optional[int] = ..., max_step_up: _Optional[int] = ..., max_step_down: _Optional[int] = ..., scale_down_cooldown_ms: _Optional[int] = ..., ttft_slo_weight: _Optional[float] = ...) -> None: ...
+    target_queue_p95_ms: float
+    def __init__(self, target_concurrency: _Optional[float] = ..., target_kv_usage: _Optional[float] = ..., target_token_utilization: _Optional[float] = ..., tolerance: _Optional[float] = ..., stable_window_ms: _Optional[int] = ..., ewma_half_life_ms: _Optional[int] = ..., panic_window_ms: _Optional[int] = ..., panic_threshold: _Optional[float] = ..., panic_hold_ms: _Optional[int] = ..., scale_down_stabilization_ms: _Optional[int] = ..., max_step_up: _Optional[int] = ..., max_step_down: _Optional[int] = ..., scale_down_cooldown_ms: _Optional[int] = ..., ttft_slo_weight: _Optional[float] = ..., target_queue_p95_ms: _Optional[float] = ...) -> None: ...
 
 class DeploymentSpec(_message.Message):
     __slots__ = ("tenant", "engine", "model", "pool", "min_replicas", "max_replicas", "warm_pool", "policy")
