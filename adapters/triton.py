@@ -33,9 +33,15 @@ summed over ``version`` and ``gpu_uuid`` labels for ``model``:
   interval. It lags (durations are recorded when a request completes) and is 0 on the first scrape
   (``statistics()["running_source"] == "no_baseline"``).
 * Mean queue time over the interval = ``Δnv_inference_queue_duration_us / Δnv_inference_request_success``
-  (Triton's k8s example uses the same ratio); ``None`` when no request succeeded. InstanceSample has
-  no queue-time field, so it is logged (``triton.sample`` debug event, ``mean_queue_ms``) and kept in
+  (Triton's k8s example uses the same ratio); ``None`` when no request succeeded; kept in
   ``statistics()["mean_queue_ms"]``.
+* ``queue_p95_ms`` (the demand signal Triton deployments scale on against a 120 ms target): the
+  ``quantile="0.95"`` sample of ``nv_inference_queue_summary_us`` when Triton runs with
+  ``--metrics-config summary_latencies=true`` (the deploy manifests set it; largest over versions; a
+  NaN quantile, which prometheus-cpp reports for an empty window, is no value), else the interval's
+  mean queue time above. A mean is a *lower bound* of the p95 for queue times, so it is safe for the
+  only use the signal has (asking for more replicas when it is over the target): it may ask late,
+  never wrongly. ``statistics()["queue_source"]`` says which (``summary``/``interval_mean``/``none``).
 * ``gpu_mem_used_bytes`` / ``gpu_mem_total_bytes`` = ``nv_gpu_memory_used_bytes`` /
   ``nv_gpu_memory_total_bytes`` summed over ``gpu_uuid`` (all GPUs the server sees). Absent (GPU
   metrics disabled / CPU only) -> 0 with ``statistics()["gpu_metrics"] == False``.
@@ -47,7 +53,12 @@ summed over ``version`` and ``gpu_uuid`` labels for ``model``:
   the upper bound (ms) of the first bucket whose cumulative *delta* reaches ``ceil(0.99 n)`` (the same
   rule as the vLLM driver). ``None`` when absent (the default), on the first scrape, or with no new
   first responses.
-* Token rates are always 0.0: the contract lists no token counters for Triton.
+* Token rates: Triton's core has no token counters. A model on Triton's vLLM backend exports vLLM's
+  ``vllm:prompt_tokens_total`` / ``vllm:generation_tokens_total`` with ``model``/``version`` labels;
+  with them the rates are counter deltas as in the vLLM driver (``statistics()["token_source"]``).
+* ``InstanceSample.unknown`` names what this server cannot tell (never a fake 0 that could scale a
+  deployment down): ``kv_usage`` without TensorRT-LLM's KV metric, both token rates without the vLLM
+  backend's counters or on the first scrape, ``running`` on the first scrape without TensorRT-LLM.
 * Counters that went down (server restart) count from zero, as Prometheus' ``rate()`` does.
 
 Malformed metrics policy (never an unhandled exception): an unparseable page, or a required metric
@@ -79,6 +90,7 @@ from adapters.engine_http import (
     WarmPathUnavailable,
     check_count,
     count_unreachable,
+    counter_delta,
     cumulative_buckets,
     histogram_delta_quantile,
     http_request,
@@ -114,6 +126,12 @@ GPU_USED = "nv_gpu_memory_used_bytes"
 TRT_REQUESTS = "nv_trt_llm_request_metrics"
 TRT_KV = "nv_trt_llm_kv_cache_block_metrics"
 FIRST_RESPONSE = "nv_inference_first_response_histogram_ms"
+QUEUE_SUMMARY = "nv_inference_queue_summary_us"
+QUEUE_QUANTILE = "0.95"
+VLLM_PROMPT_TOKENS = "vllm:prompt_tokens"
+"""Triton's vLLM backend exports vLLM's counters with ``model``/``version`` labels."""
+VLLM_GENERATION_TOKENS = "vllm:generation_tokens"
+TOKEN_FIELDS = ("generation_tokens_per_s", "prompt_tokens_per_s")
 
 EXITING_MESSAGE = "Server exiting"
 NOT_EXPLICIT_MESSAGE = "explicit model load / unload is not allowed if polling is enabled"
@@ -164,6 +182,8 @@ class _Scrape:
     queue_us: float
     request_us: float
     first_response: tuple[tuple[float, float], ...] | None
+    tokens: tuple[float, float] | None = None
+    """(prompt, generation) token counters of the vLLM backend; None when not exported."""
 
 
 @dataclass(slots=True)
@@ -179,6 +199,10 @@ class DriverStatistics:
     kv_source: str = "absent"
     gpu_metrics: bool = False
     ttft_source: str = "absent"
+    queue_source: str = "none"
+    """Where ``queue_p95_ms`` came from: ``summary`` (the 0.95 quantile of
+    ``nv_inference_queue_summary_us``), ``interval_mean`` (a lower bound of the p95) or ``none``."""
+    token_source: str = "absent"
 
 
 class TritonDriver:
@@ -333,15 +357,28 @@ class TritonDriver:
             s.gpu_metrics = parsed.gpu is not None
             s.ttft_source = "first_response_histogram" if current.first_response is not None else "absent"
             mean_queue_ms = s.mean_queue_ms
+            if parsed.queue_p95_us is not None:
+                queue_p95_ms, s.queue_source = parsed.queue_p95_us / 1000.0, "summary"
+            else:
+                queue_p95_ms, s.queue_source = mean_queue_ms, "interval_mean" if mean_queue_ms is not None else "none"
+            rates = _token_rates(previous, current)
+            s.token_source = "vllm_backend" if current.tokens is not None else "absent"
+            unknown = set() if rates is not None else set(TOKEN_FIELDS)
+            if parsed.kv is None:
+                unknown.add("kv_usage")
+            if s.running_source == "no_baseline":
+                unknown.add("running")  # Little's law needs two scrapes: 0 here means "not yet known"
         ttft = _first_response_p99_ms(previous, current)
         used, total = parsed.gpu if parsed.gpu is not None else (0, 0)
         log.debug("triton.sample", base_url=self.metrics_url, model=self.model, waiting=parsed.waiting,
-                  running=running, mean_queue_ms=mean_queue_ms)
+                  running=running, mean_queue_ms=mean_queue_ms, queue_p95_ms=queue_p95_ms)
+        prompt_rate, gen_rate = rates if rates is not None else (0.0, 0.0)
         return InstanceSample(
             instance_id=instance_id, deployment=deployment, at_ms=now_ms,
             running=running, waiting=parsed.waiting, kv_usage=parsed.kv if parsed.kv is not None else 0.0,
-            prompt_tokens_per_s=0.0, generation_tokens_per_s=0.0, ttft_p99_ms=ttft,
-            gpu_mem_used_bytes=used, gpu_mem_total_bytes=total,
+            prompt_tokens_per_s=prompt_rate, generation_tokens_per_s=gen_rate, ttft_p99_ms=ttft,
+            gpu_mem_used_bytes=used, gpu_mem_total_bytes=total, queue_p95_ms=queue_p95_ms,
+            unknown=tuple(sorted(unknown)),
         )
 
     def statistics(self) -> dict[str, Any]:
@@ -350,7 +387,21 @@ class TritonDriver:
             return {"scrapes": s.scrapes, "malformed": s.malformed, "unreachable": s.unreachable,
                     "exiting": s.exiting, "last_error": s.last_error, "mean_queue_ms": s.mean_queue_ms,
                     "inferences_per_s": s.inferences_per_s, "running_source": s.running_source,
-                    "kv_source": s.kv_source, "gpu_metrics": s.gpu_metrics, "ttft_source": s.ttft_source}
+                    "kv_source": s.kv_source, "gpu_metrics": s.gpu_metrics, "ttft_source": s.ttft_source,
+                    "queue_source": s.queue_source, "token_source": s.token_source}
+
+    def _queue_p95_us(self, families: dict[str, list[Any]]) -> float | None:
+        """The largest 0.95 quantile of the queue-time summary over versions; None when absent or
+        when the summary has no observation in its window (prometheus-cpp reports NaN then).
+        A negative or infinite quantile is a broken exporter: :class:`MetricsMalformed`."""
+        values = [float(s.value) for s in families.get(QUEUE_SUMMARY, [])
+                  if s.name == QUEUE_SUMMARY and s.labels.get("model") == self.model
+                  and s.labels.get("quantile") == QUEUE_QUANTILE and not math.isnan(float(s.value))]
+        field = _field(QUEUE_SUMMARY, {"quantile": QUEUE_QUANTILE})
+        for v in values:
+            if not math.isfinite(v) or v < 0:
+                raise MetricsMalformed(field, f"{v} is not a duration in microseconds", engine=ENGINE)
+        return max(values) if values else None
 
     def _parse(self, body: bytes, now_ms: int) -> _Parsed:
         families = parse_exposition(body)
@@ -379,14 +430,17 @@ class TritonDriver:
         if kv_frac is not None and not 0.0 <= kv_frac <= 1.0:
             raise MetricsMalformed(_field(TRT_KV, {"kv_cache_block_type": "fraction"}), f"{kv_frac} is not a 0..1 fraction", engine=ENGINE)
         gpu = _gpu(families)
+        queue_p95 = self._queue_p95_us(families)
+        prompt, generated = model_sum(VLLM_PROMPT_TOKENS, False), model_sum(VLLM_GENERATION_TOKENS, False)
+        tokens = None if prompt is None or generated is None else (prompt, generated)
         first = cumulative_buckets([(s.labels, float(s.value)) for s in families.get(FIRST_RESPONSE, [])
                                      if s.name == FIRST_RESPONSE + "_bucket" and s.labels.get("model") == self.model])
         return _Parsed(
-            scrape=_Scrape(now_ms, success, count, queue_us, request_us, first),
+            scrape=_Scrape(now_ms, success, count, queue_us, request_us, first, tokens),
             waiting=check_count(PENDING if trt_waiting is None else f"{PENDING} + {TRT_REQUESTS}", waiting, engine=ENGINE),
             trt_running=(None if trt_scheduled is None else
                          check_count(_field(TRT_REQUESTS, {"request_type": "scheduled"}), trt_scheduled, engine=ENGINE)),
-            kv=kv_frac, gpu=gpu,
+            kv=kv_frac, gpu=gpu, queue_p95_us=queue_p95,
         )
 
 
@@ -397,6 +451,8 @@ class _Parsed:
     trt_running: int | None
     kv: float | None
     gpu: tuple[int, int] | None
+    queue_p95_us: float | None = None
+    """The 0.95 quantile of ``nv_inference_queue_summary_us`` (``summary_latencies=true``); None without."""
 
 
 def _field(name: str, match: dict[str, str]) -> str:
@@ -466,6 +522,16 @@ def _derived(previous: _Scrape | None, current: _Scrape) -> tuple[int, str, floa
     mean_queue_ms = d_queue / d_success / 1000.0 if d_success > 0 else None
     rate = (current.count - previous.count) / (elapsed_us / 1e6)
     return running, "littles_law", mean_queue_ms, rate
+
+
+def _token_rates(previous: _Scrape | None, current: _Scrape) -> tuple[float, float] | None:
+    """(prompt, generation) tokens/s of the vLLM backend between two scrapes; None when either scrape
+    lacks its counters or there is no earlier scrape (unknown, not 0)."""
+    if previous is None or previous.tokens is None or current.tokens is None or current.at_ms <= previous.at_ms:
+        return None
+    seconds = (current.at_ms - previous.at_ms) / 1000.0
+    return (counter_delta(previous.tokens[0], current.tokens[0]) / seconds,
+            counter_delta(previous.tokens[1], current.tokens[1]) / seconds)
 
 
 def _first_response_p99_ms(previous: _Scrape | None, current: _Scrape) -> float | None:

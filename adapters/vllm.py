@@ -16,8 +16,15 @@ Metrics (:meth:`VllmDriver.sample`), parsed with ``prometheus_client.parser``:
   ``vllm:num_requests_waiting`` and ``vllm:kv_cache_usage_perc`` (a 0..1 fraction), summed over
   ``engine`` labels (kv: mean over engines) for the selected ``model_name``.
 * Token rates are counter deltas (``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``)
-  divided by the elapsed ``now_ms`` between two successful scrapes; the first scrape reports 0. A
+  divided by the elapsed ``now_ms`` between two successful scrapes; the first scrape has no baseline,
+  so it reports 0 *and names both rates in* ``InstanceSample.unknown`` (a 0 there is not "idle"). A
   counter that went down (server restart) counts from zero, as Prometheus' ``rate()`` does.
+* Queue time apart from compute: ``queue_p95_ms`` is the p95 of ``vllm:request_queue_time_seconds``
+  (time from arrival to first scheduling) over the interval, by the same delta-of-buckets rule as
+  TTFT below; ``statistics()`` also keeps the p95 of ``vllm:request_prefill_time_seconds`` and
+  ``vllm:request_decode_time_seconds``, so a TTFT over the SLO can be told apart: queueing
+  (replicas short) or prefill (long prompts). These histograms' first bucket is 0.3 s
+  (``buckets.py``), so the p95 is coarse below it: any p95 up to 300 ms reads as 300 ms.
 * ``ttft_p99_ms`` comes from the *difference* of the ``vllm:time_to_first_token_seconds`` cumulative
   bucket counts between this scrape and the previous successful one. p99 is the **upper bound** (``le``)
   of the first bucket whose cumulative delta reaches ``ceil(0.99 * n)`` observations (Prometheus
@@ -37,6 +44,7 @@ Every failure is also logged as one structlog event (``vllm.metrics_malformed``,
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import threading
@@ -84,6 +92,13 @@ KV_USAGE = "vllm:kv_cache_usage_perc"
 PROMPT_TOKENS = "vllm:prompt_tokens"  # counter family; sample name has _total
 GENERATION_TOKENS = "vllm:generation_tokens"
 TTFT = "vllm:time_to_first_token_seconds"
+QUEUE_TIME = "vllm:request_queue_time_seconds"
+PREFILL_TIME = "vllm:request_prefill_time_seconds"
+DECODE_TIME = "vllm:request_decode_time_seconds"
+PHASE_QUANTILE = 0.95
+"""Quantile of the request-phase histograms (queue, prefill, decode) reported per interval."""
+RATE_FIELDS = ("generation_tokens_per_s", "prompt_tokens_per_s")
+"""Sample fields that are counter deltas: unknown on the first scrape (no baseline yet)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +108,9 @@ class _Scrape:
     generation_tokens: float
     ttft_buckets: tuple[tuple[float, float], ...] | None
     """(upper bound, cumulative count) sorted by bound, +Inf last; None when absent or NaN."""
+    queue_buckets: tuple[tuple[float, float], ...] | None = None
+    prefill_buckets: tuple[tuple[float, float], ...] | None = None
+    decode_buckets: tuple[tuple[float, float], ...] | None = None
 
 
 @dataclass(slots=True)
@@ -101,6 +119,9 @@ class DriverStatistics:
     malformed: int = 0
     unreachable: int = 0
     last_error: str = ""
+    queue_p95_ms: float | None = None
+    prefill_p95_ms: float | None = None
+    decode_p95_ms: float | None = None
 
 
 class VllmDriver:
@@ -208,23 +229,30 @@ class VllmDriver:
                 self._stats.last_error = str(exc)
             log.warning("vllm.metrics_malformed", base_url=self.base_url, field=exc.field, problem=exc.problem)
             raise
-        current = _Scrape(now_ms, current.prompt_tokens, current.generation_tokens, current.ttft_buckets)
+        current = dataclasses.replace(current, at_ms=now_ms)
         with self._lock:
             previous, self._previous = self._previous, current
-            self._stats.scrapes += 1
+            queue, prefill, decode = (_phase_ms(previous, current, name) for name in
+                                      ("queue_buckets", "prefill_buckets", "decode_buckets"))
+            s = self._stats
+            s.scrapes += 1
+            s.queue_p95_ms, s.prefill_p95_ms, s.decode_p95_ms = queue, prefill, decode
         prompt_rate, gen_rate = _rates(previous, current)
         return InstanceSample(
             instance_id=instance_id, deployment=deployment, at_ms=now_ms,
             running=int(gauges[RUNNING]), waiting=int(gauges[WAITING]), kv_usage=gauges[KV_USAGE],
             prompt_tokens_per_s=prompt_rate, generation_tokens_per_s=gen_rate,
-            ttft_p99_ms=_ttft_p99_ms(previous, current),
+            ttft_p99_ms=_ttft_p99_ms(previous, current), queue_p95_ms=queue,
+            # The token rates are counter deltas: with no earlier scrape they are not 0, but unknown.
+            unknown=RATE_FIELDS if previous is None or current.at_ms <= previous.at_ms else (),
         )
 
     def statistics(self) -> dict[str, Any]:
         with self._lock:
             s = self._stats
             return {"scrapes": s.scrapes, "malformed": s.malformed, "unreachable": s.unreachable,
-                    "last_error": s.last_error}
+                    "last_error": s.last_error, "queue_p95_ms": s.queue_p95_ms, "prefill_p95_ms": s.prefill_p95_ms,
+                    "decode_p95_ms": s.decode_p95_ms}
 
     def _parse(self, body: bytes) -> tuple[_Scrape, dict[str, float]]:
         families = parse_exposition(body)
@@ -242,8 +270,10 @@ class VllmDriver:
         gauges[KV_USAGE] = kv
         for name in (RUNNING, WAITING):
             check_count(name, gauges[name], engine=ENGINE)
-        ttft = cumulative_buckets(self._select(families.get(TTFT, []), TTFT + "_bucket", keep_le=True))
-        return _Scrape(0, gauges[PROMPT_TOKENS], gauges[GENERATION_TOKENS], ttft), gauges
+        ttft, queue, prefill, decode = (
+            cumulative_buckets(self._select(families.get(name, []), name + "_bucket", keep_le=True))
+            for name in (TTFT, QUEUE_TIME, PREFILL_TIME, DECODE_TIME))
+        return _Scrape(0, gauges[PROMPT_TOKENS], gauges[GENERATION_TOKENS], ttft, queue, prefill, decode), gauges
 
     def _select(self, samples: list[Any], sample_name: str, *, keep_le: bool = False) -> list[tuple[dict[str, str], float]]:
         """Samples named ``sample_name`` for our model (every model when ``model_name`` is None)."""
@@ -288,6 +318,15 @@ def _ttft_p99_ms(previous: _Scrape | None, current: _Scrape) -> float | None:
     if previous is None:
         return None
     seconds = histogram_delta_quantile(TTFT_QUANTILE, previous.ttft_buckets, current.ttft_buckets)
+    return None if seconds is None else seconds * 1000.0
+
+
+def _phase_ms(previous: _Scrape | None, current: _Scrape, which: str) -> float | None:
+    """p95 (ms, a bucket's upper bound) of one request-phase histogram over the interval; None on the
+    first scrape, without the histogram or with no request finishing that phase since."""
+    if previous is None:
+        return None
+    seconds = histogram_delta_quantile(PHASE_QUANTILE, getattr(previous, which), getattr(current, which))
     return None if seconds is None else seconds * 1000.0
 
 

@@ -72,7 +72,8 @@ def test_vllm_json(vllm: FakeVllmServer) -> None:
         "gpu_mem_used_bytes": 0, "gpu_mem_total_bytes": 0,
         "unknown": ["ttft_p99_ms (needs two scrapes)", "prompt_tokens_per_s (needs two scrapes)",
                     "generation_tokens_per_s (needs two scrapes)", "gpu_mem_used_bytes", "gpu_mem_total_bytes"],
-        "driver": {"scrapes": 1, "malformed": 0, "unreachable": 0, "last_error": ""},
+        "driver": {"scrapes": 1, "malformed": 0, "unreachable": 0, "last_error": "", "queue_p95_ms": None,
+                   "prefill_p95_ms": None, "decode_p95_ms": None},
     }
     assert [r for r in vllm.requests] == [("GET", "/health"), ("GET", "/metrics")]
 
@@ -112,7 +113,8 @@ def test_triton_json(triton: FakeTritonServer) -> None:
                     "ttft_p99_ms"],
         "driver": {"scrapes": 1, "malformed": 0, "unreachable": 0, "exiting": 0, "last_error": "",
                    "mean_queue_ms": None, "inferences_per_s": 0.0, "running_source": "no_baseline",
-                   "kv_source": "absent", "gpu_metrics": True, "ttft_source": "absent"},
+                   "kv_source": "absent", "gpu_metrics": True, "ttft_source": "absent", "queue_source": "none",
+                   "token_source": "absent"},
     }
 
 

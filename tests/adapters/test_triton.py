@@ -273,12 +273,43 @@ def test_running_and_queue_time_from_deltas(fake: FakeTritonServer) -> None:
     st = d.statistics()
     assert (st["running_source"], st["mean_queue_ms"], st["inferences_per_s"]) == ("littles_law", 2.0, 20.0)
     assert logs == [{"event": "triton.sample", "log_level": "debug", "base_url": fake.metrics_url, "model": MODEL,
-                     "waiting": 0, "running": 3, "mean_queue_ms": 2.0}]
+                     "waiting": 0, "running": 3, "mean_queue_ms": 2.0, "queue_p95_ms": 2.0}]
     s = d.sample(IID, DEP, 3_000)  # nothing new
     assert s.running == 0 and d.statistics()["mean_queue_ms"] is None
     fake.success, fake.inference_count, fake.queue_us, fake.request_us = 2, 2, 4_000, 1_004_000  # restart
     s = d.sample(IID, DEP, 4_000)
     assert s.running == 1 and d.statistics()["mean_queue_ms"] == 2.0
+
+
+def test_queue_p95_from_the_summary_else_the_interval_mean(fake: FakeTritonServer) -> None:
+    d = driver_for(fake)
+    fake.success, fake.inference_count, fake.queue_us, fake.request_us = 10, 10, 1_000, 50_000
+    first = d.sample(IID, DEP, 0)
+    # No baseline: Little's law cannot count running yet, and plain Triton has no KV or token metrics.
+    assert first.unknown == ("generation_tokens_per_s", "kv_usage", "prompt_tokens_per_s", "running")
+    assert first.queue_p95_ms is None and d.statistics()["queue_source"] == "none"
+    fake.success, fake.queue_us, fake.request_us = 50, 1_000 + 40 * 150_000, 50_000 + 40 * 400_000
+    s = d.sample(IID, DEP, 1_000)
+    # Without summaries: the interval's mean queue time, a lower bound of its p95.
+    assert s.queue_p95_ms == 150.0 and d.statistics()["queue_source"] == "interval_mean"
+    assert s.unknown == ("generation_tokens_per_s", "kv_usage", "prompt_tokens_per_s")
+    fake.summary_latencies = True
+    assert d.sample(IID, DEP, 1_500).queue_p95_ms is None  # an empty summary window (NaN) is no value
+    fake.observe_queue(*[1_000.0] * 90, *[400_000.0] * 10)
+    s = d.sample(IID, DEP, 2_000)
+    assert s.queue_p95_ms == 400.0 and d.statistics()["queue_source"] == "summary"
+    fake.nan_metrics.add("nv_inference_queue_summary_us")
+    assert d.sample(IID, DEP, 3_000).queue_p95_ms is None
+
+
+def test_token_rates_from_the_vllm_backend(fake: FakeTritonServer) -> None:
+    fake.vllm_backend, fake.prompt_tokens, fake.generation_tokens = True, 1_000, 500
+    d = driver_for(fake)
+    assert "prompt_tokens_per_s" in d.sample(IID, DEP, 0).unknown  # first scrape: no baseline
+    fake.prompt_tokens, fake.generation_tokens = 3_000, 1_500
+    s = d.sample(IID, DEP, 2_000)
+    assert (s.prompt_tokens_per_s, s.generation_tokens_per_s) == (1_000.0, 500.0)
+    assert s.unknown == ("kv_usage",) and d.statistics()["token_source"] == "vllm_backend"
 
 
 def test_trt_llm_metrics(fake: FakeTritonServer) -> None:
@@ -287,6 +318,7 @@ def test_trt_llm_metrics(fake: FakeTritonServer) -> None:
     d = driver_for(fake)
     s = d.sample(IID, DEP, 0)
     assert (s.waiting, s.running, s.kv_usage) == (7, 11, 0.625)
+    assert s.unknown == ("generation_tokens_per_s", "prompt_tokens_per_s")  # TRT-LLM: running and KV known
     assert (d.statistics()["running_source"], d.statistics()["kv_source"]) == ("trt_llm", "trt_llm")
 
 

@@ -214,6 +214,37 @@ def test_ttft_p99_from_histogram_deltas(fake: FakeVllmServer) -> None:
     assert d.sample(IID, DEP, 5000).ttft_p99_ms == 2_560_000.0
 
 
+def test_queue_time_apart_from_prefill_and_decode(fake: FakeVllmServer) -> None:
+    d = driver_for(fake)
+    fake.observe_phase("queue", 9.0)  # before the baseline: must not count
+    first = d.sample(IID, DEP, 0)
+    assert first.queue_p95_ms is None
+    # The first scrape has no baseline: its token rates are unknown, not an idle 0.
+    assert first.unknown == ("generation_tokens_per_s", "prompt_tokens_per_s")
+    # 95 requests queued <= 0.3 s and 5 queued 3 s; prefill long, decode short: TTFT is queueing here.
+    fake.observe_phase("queue", *[0.2] * 95, *[3.0] * 5)
+    fake.observe_phase("prefill", *[1.2] * 100)
+    fake.observe_phase("decode", *[0.4] * 100)
+    s = d.sample(IID, DEP, 1000)
+    assert s.unknown == ()
+    assert s.queue_p95_ms == 300.0  # rank 95 of 100 is in le=0.3
+    assert d.statistics()["prefill_p95_ms"] == 1500.0 and d.statistics()["decode_p95_ms"] == 500.0
+    fake.observe_phase("queue", *[0.2] * 94, *[3.0] * 6)
+    assert d.sample(IID, DEP, 2000).queue_p95_ms == 5000.0  # rank 95 is now a 3 s one (le=5.0)
+    assert d.sample(IID, DEP, 3000).queue_p95_ms is None  # nothing left the queue since
+
+
+def test_queue_histogram_missing_or_nan_gives_none(fake: FakeVllmServer) -> None:
+    d = driver_for(fake)
+    fake.missing_metrics.add("vllm:request_queue_time_seconds")
+    d.sample(IID, DEP, 0)
+    fake.observe_phase("queue", 1.0)
+    assert d.sample(IID, DEP, 1000).queue_p95_ms is None
+    fake.missing_metrics.clear()
+    fake.nan_metrics.add("vllm:request_queue_time_seconds")
+    assert d.sample(IID, DEP, 2000).queue_p95_ms is None
+
+
 def test_histogram_quantile_reference() -> None:
     inf = math.inf
     assert histogram_quantile_upper_ms(0.99, [(0.1, 0), (inf, 0)]) is None

@@ -103,6 +103,13 @@ class FakeTritonServer(FakeServer):
         self.kv_fraction = 0.0
         self.histogram_latencies = False
         self._first_response: list[float] = []
+        self.summary_latencies = False
+        """``--metrics-config summary_latencies=true``: ``nv_inference_queue_summary_us`` with quantiles."""
+        self._queue_times: list[float] = []
+        self.vllm_backend = False
+        """The model runs on Triton's vLLM backend, which exports vLLM's counters with model/version labels."""
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
         self.garbage_line: str | None = None
         self.nan_metrics: set[str] = set()
         self.missing_metrics: set[str] = set()
@@ -130,6 +137,11 @@ class FakeTritonServer(FakeServer):
     def observe_first_response(self, *ms: float) -> None:
         with self.lock:
             self._first_response.extend(ms)
+
+    def observe_queue(self, *us: float) -> None:
+        """Queue times (µs) of finished requests for the queue summary (its window: everything seen)."""
+        with self.lock:
+            self._queue_times.extend(us)
 
     def server_ready(self) -> bool:
         """--strict-readiness: all models READY, ignoring ones unloaded on purpose."""
@@ -188,6 +200,14 @@ class FakeTritonServer(FakeServer):
             family("nv_model_load_duration_secs", "gauge", "Model load time in seconds", per_model(1.5))
             if self.histogram_latencies and loaded:
                 self._first_response_family(lines, loaded, first)
+            if self.summary_latencies and loaded:
+                self._queue_summary_family(lines, loaded, first)
+            if self.vllm_backend and first is not None:
+                base = {"model": first, "version": self.versions[first]}
+                family("vllm:prompt_tokens", "counter", "Number of prefill tokens processed.",
+                       [(base, self.prompt_tokens)])
+                family("vllm:generation_tokens", "counter", "Number of generation tokens processed.",
+                       [(base, self.generation_tokens)])
             if self.gpu_uuid is not None and self.gpu_used is not None and self.gpu_total is not None:
                 g = {"gpu_uuid": self.gpu_uuid}
                 family("nv_gpu_utilization", "gauge", "GPU utilization rate [0.0 - 1.0)", [(g, 0.5)])
@@ -212,6 +232,25 @@ class FakeTritonServer(FakeServer):
             if self.garbage_line is not None:
                 text += self.garbage_line + "\n"
             return text.encode()
+
+    def _queue_summary_family(self, lines: list[str], loaded: list[str], first: str | None) -> None:
+        """prometheus-cpp's summary: quantiles 0.5 .. 0.999 over its window, NaN when it saw nothing."""
+        name = "nv_inference_queue_summary_us"
+        if name in self.missing_metrics:
+            return
+        lines.append(f"# HELP {name} Summary of inference queuing duration in microseconds (includes cached requests)")
+        lines.append(f"# TYPE {name} summary")
+        for m in loaded:
+            obs = sorted(self._queue_times) if m == first else []
+            base = f'model="{m}",version="{self.versions[m]}"'
+            for q in (0.5, 0.9, 0.95, 0.99, 0.999):
+                if name in self.nan_metrics or not obs:
+                    value = float("nan")
+                else:
+                    value = obs[min(len(obs) - 1, max(0, math.ceil(q * len(obs)) - 1))]
+                lines.append(f'{name}{{{base},quantile="{q}"}} {_num(value)}')
+            lines.append(f"{name}_sum{{{base}}} {_num(sum(obs))}")
+            lines.append(f"{name}_count{{{base}}} {_num(len(obs))}")
 
     def _first_response_family(self, lines: list[str], loaded: list[str], first: str | None) -> None:
         name = "nv_inference_first_response_histogram_ms"

@@ -59,6 +59,16 @@ TTFT_BUCKETS: tuple[float, ...] = (
 )
 """``wheel:vllm/v1/metrics/loggers.py``: ``vllm:time_to_first_token_seconds`` buckets (+Inf implied)."""
 
+REQUEST_TIME_BUCKETS: tuple[float, ...] = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
+    960.0, 1920.0, 7680.0,
+)
+"""``wheel:vllm/v1/metrics/loggers.py``: ``request_latency_buckets`` of the request-phase histograms
+(``vllm:request_queue_time_seconds``, ``_prefill_``, ``_decode_``...; +Inf implied)."""
+PHASES = {"queue": ("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request."),
+          "prefill": ("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request."),
+          "decode": ("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.")}
+
 SLEEP_MODES = ("abort", "wait", "keep")
 WAKE_TAGS = ("weights", "kv_cache")
 LABELS = ["engine", "model_name"]
@@ -93,6 +103,7 @@ class FakeVllmServer(FakeServer):
         self.requests: list[tuple[str, str]]
         """(method, path-with-query) of every request served, for assertions."""
         self._ttft: list[float] = []
+        self._phases: dict[str, list[float]] = {phase: [] for phase in PHASES}
         self._created = time.time()
         self._listener = Listener(http_factory(_Server, _Handler, self), "fake-vllm")
 
@@ -112,6 +123,11 @@ class FakeVllmServer(FakeServer):
     def observe_ttft(self, *seconds: float) -> None:
         with self.lock:
             self._ttft.extend(seconds)
+
+    def observe_phase(self, phase: str, *seconds: float) -> None:
+        """Record finished requests' time in ``phase`` ("queue", "prefill" or "decode")."""
+        with self.lock:
+            self._phases[phase].extend(seconds)
 
     # -- rendering ------------------------------------------------------------------------------
     def render_metrics(self) -> bytes:
@@ -163,17 +179,19 @@ class FakeVllmServer(FakeServer):
         for reason in ("stop", "length", "abort", "error", "repetition"):
             success.add_metric([*lv, reason], 0.0, created=self._created)
         out.append(success)
-        out.append(self._ttft_family(lv))
+        out.append(self._histogram(lv, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                                   TTFT_BUCKETS, self._ttft))
+        for phase, (name, doc) in PHASES.items():
+            out.append(self._histogram(lv, name, doc, REQUEST_TIME_BUCKETS, self._phases[phase]))
         return [f for f in out if f.name not in self.missing_metrics]
 
-    def _ttft_family(self, lv: list[str]) -> Metric:
-        name = "vllm:time_to_first_token_seconds"
-        h = HistogramMetricFamily(name, "Histogram of time to first token in seconds.", labels=LABELS)
+    def _histogram(self, lv: list[str], name: str, doc: str, bounds: tuple[float, ...], values: list[float]) -> Metric:
+        h = HistogramMetricFamily(name, doc, labels=LABELS)
         buckets = []
-        for bound in (*TTFT_BUCKETS, float("inf")):
-            count = sum(1 for v in self._ttft if v <= bound)  # Prometheus: a bucket counts value <= le
+        for bound in (*bounds, float("inf")):
+            count = sum(1 for v in values if v <= bound)  # Prometheus: a bucket counts value <= le
             buckets.append((_le(bound), self._value(name, count)))
-        h.add_metric(lv, buckets, sum_value=self._value(name, sum(self._ttft)))
+        h.add_metric(lv, buckets, sum_value=self._value(name, sum(values)))
         return h
 
     def models_body(self) -> dict[str, Any]:
