@@ -492,10 +492,14 @@ def _ahead(deployment: Deployment, slo: Slo, stage: _Stage, forecast: Forecast, 
 
 
 def _no_data(
-    deployment: Deployment, slo: Slo, memory: ScaleMemory, current: int, forecast: Forecast | None
+    deployment: Deployment, slo: Slo, memory: ScaleMemory, current: int, forecast: Forecast | None,
+    signals: FilteredSignals | None = None,
 ) -> ScaleDecision:
     target = min(max(current, deployment.min_replicas), deployment.max_replicas)
     message = f"no signal samples in the stable window; keeping {current} replicas"
+    if signals is not None and (signals.unknown or signals.partial):
+        message = (f"load unknown ({', '.join(sorted(signals.unknown | signals.partial))} not reported by every "
+                   f"serving instance); keeping {current} replicas")
     if target != current:
         message += f", clamped to {target} (bounds [{deployment.min_replicas}, {deployment.max_replicas}])"
     usable = forecast if forecast is not None and forecast.usable else None
@@ -516,7 +520,7 @@ def decide(
     """The desired replica count and warm pool of ``deployment`` at ``now_ms`` (see the module doc)."""
     current = max(0, current)
     if signals is None or not signals.stable:
-        return _no_data(deployment, slo, memory, current, forecast)
+        return _no_data(deployment, slo, memory, current, forecast, signals)
     policy = deployment.policy
     usable = forecast if forecast is not None and forecast.usable else None
     window = policy.scale_down_stabilization_ms

@@ -257,7 +257,8 @@ def update(mem: SignalMemory, sig: DeploymentSignals, policy: ScalingPolicy, now
 def filtered(
     mem: SignalMemory, sig: DeploymentSignals, policy: ScalingPolicy, now_ms: int
 ) -> FilteredSignals | None:
-    """The filtered views at ``now_ms``; None when no sample of any signal lies in the stable window.
+    """The filtered views at ``now_ms``; None when no sample of any signal lies in the stable window
+    and the last tick's load was wholly known.
 
     ``sig`` (the latest sample, already fed by :func:`update`) supplies the serving count.
     """
@@ -275,8 +276,8 @@ def filtered(
         if fast is not None and last is not None:
             panic[name] = fast
             latest[name] = last
-    if not stable:
-        return None
+    if not stable and not (sig.unknown or sig.partial):
+        return None  # (an unknown load still comes back, so the decision can say why it holds)
     return FilteredSignals(now_ms, sig.serving, stable, panic, stable.get("ttft_p99_ms"), latest,
                            sig.unknown, sig.partial)
 

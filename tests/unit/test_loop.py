@@ -629,7 +629,8 @@ def test_a_new_holder_rebuilds_its_filters_from_the_adapters_recent_samples() ->
             assert sig is not None and sig.stable["concurrency"] == pytest.approx(240.0)
             assert sig.unknown == frozenset(LOAD_SIGNALS)
         else:
-            assert sig is None  # nothing to rebuild from, and this tick's load is unknown
+            assert sig is not None and sig.stable == {}  # nothing to rebuild from,
+            assert sig.unknown == frozenset(LOAD_SIGNALS)  # and this tick's load is unknown
 
 
 def test_a_new_holder_commits_the_lifecycle_reports_its_predecessor_did_not() -> None:
