@@ -89,6 +89,9 @@ TTFT_QUANTILE = 0.99
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 KV_USAGE = "vllm:kv_cache_usage_perc"
+KV_USAGE_BEFORE_0_10 = "vllm:gpu_cache_usage_perc"
+"""The same 0..1 fraction under its name before vLLM PR #18354 (removed in 0.12): read when the
+current name is absent, so a server of an older release is observed, not refused."""
 PROMPT_TOKENS = "vllm:prompt_tokens"  # counter family; sample name has _total
 GENERATION_TOKENS = "vllm:generation_tokens"
 TTFT = "vllm:time_to_first_token_seconds"
@@ -261,6 +264,8 @@ class VllmDriver:
                                   (PROMPT_TOKENS, PROMPT_TOKENS + "_total"),
                                   (GENERATION_TOKENS, GENERATION_TOKENS + "_total")):
             values[name] = self._select(families.get(name, []), sample_name)
+        if not values[KV_USAGE]:
+            values[KV_USAGE] = self._select(families.get(KV_USAGE_BEFORE_0_10, []), KV_USAGE_BEFORE_0_10)
         gauges: dict[str, float] = {}
         for name in (RUNNING, WAITING, PROMPT_TOKENS, GENERATION_TOKENS):
             gauges[name] = _finite_sum(name, values[name])

@@ -234,6 +234,19 @@ def test_queue_time_apart_from_prefill_and_decode(fake: FakeVllmServer) -> None:
     assert d.sample(IID, DEP, 3000).queue_p95_ms is None  # nothing left the queue since
 
 
+def test_kv_under_its_name_before_vllm_0_10() -> None:
+    """A server of an older release names the KV fraction ``vllm:gpu_cache_usage_perc``."""
+    page = "\n".join([
+        "# TYPE vllm:num_requests_running gauge", 'vllm:num_requests_running{model_name="m"} 2.0',
+        "# TYPE vllm:num_requests_waiting gauge", 'vllm:num_requests_waiting{model_name="m"} 1.0',
+        "# TYPE vllm:gpu_cache_usage_perc gauge", 'vllm:gpu_cache_usage_perc{model_name="m"} 0.4',
+        "# TYPE vllm:prompt_tokens_total counter", 'vllm:prompt_tokens_total{model_name="m"} 10.0',
+        "# TYPE vllm:generation_tokens_total counter", 'vllm:generation_tokens_total{model_name="m"} 5.0', ""]).encode()
+    scrape, gauges = VllmDriver("http://127.0.0.1:1", 1.0)._parse(page)
+    assert (gauges["vllm:kv_cache_usage_perc"], gauges["vllm:num_requests_running"]) == (0.4, 2.0)
+    assert scrape.ttft_buckets is None and scrape.queue_buckets is None
+
+
 def test_queue_histogram_missing_or_nan_gives_none(fake: FakeVllmServer) -> None:
     d = driver_for(fake)
     fake.missing_metrics.add("vllm:request_queue_time_seconds")
