@@ -325,11 +325,14 @@ def aggregate(
     )
 
 
+_NONE: frozenset[str] = frozenset()
+
+
 def _coverage(samples: Sequence[InstanceSample], unsampled: int) -> tuple[frozenset[str], frozenset[str]]:
     """(unknown, partial) load signals: reported by no sample / by some but not all."""
+    if unsampled <= 0 and all(s.healthy and not s.unknown for s in samples):
+        return _NONE, _NONE  # the common case, one pass (nothing serves: the gateway queue is the load)
     total = len(samples) + max(0, unsampled)
-    if total == 0:
-        return frozenset(), frozenset()  # nothing serves: the gateway queue is the whole load
     unknown, partial = set(), set()
     for name, fields in SIGNAL_FIELDS.items():
         knowing = sum(1 for s in samples if s.healthy and all(s.knows(f) for f in fields))
