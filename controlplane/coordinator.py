@@ -269,6 +269,7 @@ class Coordinator:
         st = self.status()
         state = self.node.state_copy()
         ttft: dict[str, float] = {}
+        unknown: dict[str, frozenset[str]] = {}
         if st.lease_remaining_ms > 0:  # only the acting holder filters live signals
             holder = _HolderView(self)
             for dep_id in state.deployments:
@@ -276,13 +277,16 @@ class Coordinator:
                 value = getattr(sig, "ttft_p99_ms", None)
                 if value is not None:
                     ttft[str(dep_id)] = value
+                missing = getattr(sig, "unknown", frozenset()) | getattr(sig, "partial", frozenset())
+                if missing:
+                    unknown[str(dep_id)] = missing
         return MetricsView(
             node_id=st.node_id, zone=st.zone, raft_leader=st.role == "leader", term=st.term,
             commit_index=st.commit_index, applied_index=st.applied_index,
             peers=tuple((p.node_id, p.reachable) for p in st.peers), lease_holder=st.lease_remaining_ms > 0,
             lease_epoch=st.lease_epoch, lease_remaining_ms=st.lease_remaining_ms, state=state, ttft_p99_ms=ttft,
             fenced_clusters=frozenset(map(str, self.loop.fenced_out)), stale_answers=dict(self.loop.stale_answers),
-            raft_transport=_transport_counters(self.node),
+            raft_transport=_transport_counters(self.node), load_unknown=unknown,
         )
 
     def status(self) -> NodeStatus:

@@ -18,6 +18,9 @@ replicated part, so a scrape of any member shows the fleet) plus what only this 
 ``controlplane_deployment_slo_ttft_p99_seconds{tenant,deployment}``  the tenant's TTFT SLO
 ``controlplane_deployment_ttft_p99_seconds{tenant,deployment}``      observed TTFT p99 (lease holder only:
                                                             only it filters live signals)
+``controlplane_deployment_load_unknown{tenant,deployment,signal}``  1 while a load signal is unknown for
+                                                            some serving instance: its scale-downs are held
+                                                            (lease holder only; docs/adapters.md, "Unknown is not zero")
 ``controlplane_adapter_stale_epoch{cluster}``               1 while this holder sends the cluster's adapter nothing
                                                             because it holds a higher epoch (alert on it: docs/lease.md)
 ``controlplane_adapter_stale_epoch_answers_total{cluster}`` stale-epoch answers from that adapter (this process)
@@ -74,6 +77,8 @@ class MetricsView:
     """Cluster -> stale-epoch answers its adapter gave this process."""
     raft_transport: Mapping[str, int] = field(default_factory=dict)
     """The Raft transport's counters (raft/transport.py ``COUNTERS``): refusals, timeouts, caps, EMFILE."""
+    load_unknown: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    """Deployment -> load signals unknown or partly known at the last tick (only on the lease holder)."""
 
 
 def _gauge(name: str, doc: str, value: float | None = None, labels: tuple[str, ...] = ()) -> GaugeMetricFamily:
@@ -107,8 +112,13 @@ def families(v: MetricsView) -> Iterator[GaugeMetricFamily | CounterMetricFamily
                  labels=("tenant", "deployment"))
     ttft = _gauge("controlplane_deployment_ttft_p99_seconds", "Observed TTFT p99 (lease holder only).",
                   labels=("tenant", "deployment"))
+    unknown = _gauge("controlplane_deployment_load_unknown",
+                     "1 while a load signal is unknown for some serving instance (scale-downs held).",
+                     labels=("tenant", "deployment", "signal"))
     for dep_id, dep in sorted(s.deployments.items()):
         labels = [str(dep.tenant), str(dep_id)]
+        for name in sorted(v.load_unknown.get(str(dep_id), ())):
+            unknown.add_metric([*labels, name], 1)
         d = s.desired.get(dep_id)
         if d is not None:
             desired.add_metric(labels, d.replicas)
@@ -121,6 +131,7 @@ def families(v: MetricsView) -> Iterator[GaugeMetricFamily | CounterMetricFamily
     yield desired
     yield slo
     yield ttft
+    yield unknown
 
     counts = Tally((str(i.tenant), str(i.deployment), str(i.zone), i.state.value) for i in s.instances.values())
     instances = _gauge("controlplane_instances", "Instances by lifecycle state.",

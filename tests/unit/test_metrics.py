@@ -63,6 +63,20 @@ def test_families_report_raft_lease_and_breakers() -> None:
     assert got[("controlplane_breaker_open", (("breaker", "cluster/c2"),))] == 0
 
 
+def test_unknown_load_is_exported_per_signal() -> None:
+    from controlplane.domain.ids import DeploymentId, PoolId, TenantId
+    from controlplane.domain.tenants import Deployment, Engine
+
+    state = ControlState()
+    state.deployments[DeploymentId("chat")] = Deployment(DeploymentId("chat"), TenantId("t"), Engine.DEEPSPEED_MII,
+                                                         "llama3-8b-h100", PoolId("h100"), 1)
+    got = scrape(view(state=state, load_unknown={"chat": frozenset({"kv_usage", "concurrency"})}))
+    for name in ("kv_usage", "concurrency"):
+        assert got[("controlplane_deployment_load_unknown",
+                    (("deployment", "chat"), ("signal", name), ("tenant", "t")))] == 1
+    assert not [k for k in scrape(view(state=state)) if k[0] == "controlplane_deployment_load_unknown"]
+
+
 def got_version(got: dict) -> str:
     (key,) = [k for k in got if k[0] == "controlplane_info"]
     return dict(key[1])["version"]
