@@ -163,3 +163,35 @@ def test_unknown_and_queue_time_cross_the_adapter_wire() -> None:
     assert plain.unknown == () and plain.queue_p95_ms is None
     # A newer adapter's unknown field name is dropped, duplicates and order do not matter.
     assert unknown_fields(["running", "gpu_temperature", "kv_usage", "running"]) == ("kv_usage", "running")
+
+
+# --- property: whatever the samples say, a tick whose load is not wholly known never scales down ------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_one = st.tuples(
+    st.integers(0, 200), st.integers(0, 200), st.floats(0, 1), st.floats(0, 20_000),
+    st.lists(st.sampled_from(LOAD_FIELDS), max_size=3, unique=True), st.booleans(),
+    st.one_of(st.none(), st.floats(0, 10_000)),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(engine=st.sampled_from(list(Engine)), start=st.integers(1, 12),
+       ticks=st.lists(st.tuples(st.lists(_one, min_size=0, max_size=8), st.integers(0, 2)), min_size=1, max_size=60))
+def test_no_scale_down_on_a_tick_whose_load_is_not_wholly_known(engine: Engine, start: int, ticks: list) -> None:
+    dep = deployment(engine)
+    mem, memory, current = EMPTY_SIGNALS, EMPTY_MEMORY, start
+    for k, (rows, unsampled) in enumerate(ticks):
+        now = k * TICK
+        samples = [sample(i, now, running=r, waiting=w, kv=kv, tps=tps, unknown=tuple(sorted(u)), healthy=h, ttft=t)
+                   for i, (r, w, kv, tps, u, h, t) in enumerate(rows)]
+        agg = aggregate(samples, len(samples), 0, now, unsampled=unsampled)
+        mem = update(mem, agg, dep.policy, now)
+        f = filtered(mem, agg, dep.policy, now)
+        d = decide(dep, PROFILE, SLO, f, memory, current, now)
+        wholly_known = not agg.partial and len(agg.unknown) < len(LOAD_SIGNALS)
+        if not wholly_known and current >= dep.min_replicas:
+            assert d.target >= current, (d.reason, d.message)
+        memory, current = d.memory, d.target
