@@ -364,6 +364,7 @@ def live_to_proto(live: Any, d: Deployment, slo: Slo) -> api_pb2.LiveDecision:
         panic=bool(getattr(live, "panic", False)),
         signals={str(k): float(v) for k, v in dict(getattr(live, "signals", {}) or {}).items()},
         warm_pool=int(getattr(live, "warm_pool", 0)),
+        unknown_signals=[str(n) for n in getattr(live, "unknown", ()) or ()],
     )
     reactive = getattr(live, "reactive", None)
     if reactive is not None and out.reason == ScaleReason.FORECAST.value:

@@ -200,6 +200,8 @@ class LiveDecision:
     """The demand forecast the decision read (None: none computed; ``usable`` False: not used)."""
     reactive: int | None = None
     """The target before the forecast raised it (``ScaleDecision.reactive``)."""
+    unknown: tuple[str, ...] = ()
+    """Load signals some serving instance could not report at that tick (sorted): scale-downs held."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -966,6 +968,10 @@ def signal_values(sig: FilteredSignals | None) -> dict[str, float]:
     return out
 
 
+def _unknown_of(sig: FilteredSignals | None) -> tuple[str, ...]:
+    return () if sig is None else tuple(sorted(sig.unknown | sig.partial))
+
+
 def live_decisions(
     p: Plan, state: ControlState, signals: Mapping[DeploymentId, FilteredSignals | None], now_ms: int
 ) -> dict[DeploymentId, LiveDecision]:
@@ -982,5 +988,6 @@ def live_decisions(
             at_ms=now_ms, current=current_replicas(state, d), target=dec.target, granted=granted,
             reason=dec.reason.value, message=dec.message, proposals=dict(dec.proposals), panic=dec.panic,
             signals=signal_values(signals.get(did)), warm_pool=warm, forecast=dec.forecast, reactive=dec.reactive,
+            unknown=_unknown_of(signals.get(did)),
         )
     return out

@@ -143,3 +143,15 @@ def test_json_output_carries_the_forecast(ctl, group) -> None:
     f = data["forecast"]
     assert f["usable"] and f["wake_fits"] and (f["ready"], f["total"], f["restart_ms"], f["buckets"]) == (3.2, 7.5, 30_000, 120)
     assert f["mape"] == pytest.approx(0.184)
+
+
+def test_an_unknown_load_is_named_with_what_it_holds(ctl, group) -> None:
+    group.store.live = live(None, reason="unknown_load", target=6, current=6, granted=6, warm_pool=0,
+                            message="scale-down to 4 held at 6: no load signal is known (concurrency, kv_usage)",
+                            unknown_signals=["concurrency", "kv_usage"])
+    group.store.live.ClearField("target_before_forecast")
+    out = ctl("explain", "chat")[1]
+    assert ("  load unknown:   concurrency, kv_usage (not reported by every serving instance: no scale-down "
+            "while so)") in out.replace("\n    ", " ")
+    group.store.live.ClearField("unknown_signals")
+    assert "load unknown" not in ctl("explain", "chat")[1]

@@ -436,7 +436,7 @@ class Decision(_message.Message):
     def __init__(self, revision: _Optional[int] = ..., at_ms: _Optional[int] = ..., replicas: _Optional[int] = ..., warm_pool: _Optional[int] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class LiveDecision(_message.Message):
-    __slots__ = ("at_ms", "current", "target", "granted", "reason", "message", "proposals", "panic", "signals", "warm_pool", "target_before_forecast", "forecast")
+    __slots__ = ("at_ms", "current", "target", "granted", "reason", "message", "proposals", "panic", "signals", "warm_pool", "target_before_forecast", "forecast", "unknown_signals")
     class ProposalsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -463,6 +463,7 @@ class LiveDecision(_message.Message):
     WARM_POOL_FIELD_NUMBER: _ClassVar[int]
     TARGET_BEFORE_FORECAST_FIELD_NUMBER: _ClassVar[int]
     FORECAST_FIELD_NUMBER: _ClassVar[int]
+    UNKNOWN_SIGNALS_FIELD_NUMBER: _ClassVar[int]
     at_ms: int
     current: int
     target: int
@@ -475,7 +476,8 @@ class LiveDecision(_message.Message):
     warm_pool: int
     target_before_forecast: int
     forecast: Forecast
-    def __init__(self, at_ms: _Optional[int] = ..., current: _Optional[int] = ..., target: _Optional[int] = ..., granted: _Optional[int] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., proposals: _Optional[_Mapping[str, int]] = ..., panic: _Optional[bool] = ..., signals: _Optional[_Mapping[str, float]] = ..., warm_pool: _Optional[int] = ..., target_before_forecast: _Optional[int] = ..., forecast: _Optional[_Union[Forecast, _Mapping]] = ...) -> None: ...
+    unknown_signals: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, at_ms: _Optional[int] = ..., current: _Optional[int] = ..., target: _Optional[int] = ..., granted: _Optional[int] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., proposals: _Optional[_Mapping[str, int]] = ..., panic: _Optional[bool] = ..., signals: _Optional[_Mapping[str, float]] = ..., warm_pool: _Optional[int] = ..., target_before_forecast: _Optional[int] = ..., forecast: _Optional[_Union[Forecast, _Mapping]] = ..., unknown_signals: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Forecast(_message.Message):
     __slots__ = ("usable", "note", "ready", "total", "expected", "wake_ms", "restart_ms", "quantile", "buckets", "bucket_ms", "mape", "at_ms", "wake_fits")

@@ -761,6 +761,9 @@ def _print_explain(s: Session, exp: api_pb2.Explanation) -> None:
         if lv.message:
             _kv(s, "message", lv.message, 2)
         _kv(s, "panic", "yes" if lv.panic else "no", 2)
+        if lv.unknown_signals:
+            _kv(s, "load unknown", f"{', '.join(lv.unknown_signals)} (not reported by every serving instance: "
+                                   "no scale-down while so)", 2)
         if lv.proposals or lv.signals:
             rows = [["  " + k, f"{lv.signals[k]:.4g}" if k in lv.signals else "-",
                      str(lv.proposals[k]) if k in lv.proposals else "-"]
