@@ -95,7 +95,7 @@ def test_a_real_forecast_decision_converts_with_its_numbers() -> None:
 
 
 def test_the_unknown_load_signals_reach_the_explain_message() -> None:
-    from controlplane.core.reconcile import Plan, live_decisions  # noqa: F401 - the planner's own record
+    from controlplane.core import reconcile
     from controlplane.core.signals import FilteredSignals
 
     out = cv.live_to_proto(live(None, reason="unknown_load", unknown=("concurrency", "kv_usage")), dep(), SLO)
@@ -103,6 +103,4 @@ def test_the_unknown_load_signals_reach_the_explain_message() -> None:
     assert list(cv.live_to_proto(live(None), dep(), SLO).unknown_signals) == []
     sig = FilteredSignals(0, 2, {"ttft_p99_ms": 10.0}, {}, 10.0, unknown=frozenset({"kv_usage"}),
                           partial=frozenset({"concurrency"}))
-    from controlplane.core import reconcile
-
     assert reconcile._unknown_of(sig) == ("concurrency", "kv_usage") and reconcile._unknown_of(None) == ()
