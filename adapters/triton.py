@@ -58,15 +58,18 @@ summed over ``version`` and ``gpu_uuid`` labels for ``model``:
   with them the rates are counter deltas as in the vLLM driver (``statistics()["token_source"]``).
 * ``InstanceSample.unknown`` names what this server cannot tell (never a fake 0 that could scale a
   deployment down): ``kv_usage`` without TensorRT-LLM's KV metric, both token rates without the vLLM
-  backend's counters or on the first scrape, ``running`` on the first scrape without TensorRT-LLM.
+  backend's counters or on the first scrape, ``running`` on the first scrape (or without latency
+  counters) without TensorRT-LLM.
 * Counters that went down (server restart) count from zero, as Prometheus' ``rate()`` does.
 
 Malformed metrics policy (never an unhandled exception): an unparseable page, or a required metric
-(``nv_inference_pending_request_count``, ``nv_inference_request_success``, ``nv_inference_count``,
-``nv_inference_queue_duration_us``, ``nv_inference_request_duration_us``) missing for ``model``, any
+(``nv_inference_pending_request_count``, ``nv_inference_request_success``, ``nv_inference_count``)
+missing for ``model``, any
 used value NaN/infinite/negative, a KV fraction outside 0..1, or GPU used > total, raises
 :class:`MetricsMalformed` (a ``TemporaryError``) naming the field. Latency counters disabled
-(``counter_latencies=false``) therefore surface as malformed: this driver needs them. The failed scrape
+(``counter_latencies=false``: ``nv_inference_queue_duration_us`` / ``_request_duration_us`` absent)
+leave ``running`` unknown without TensorRT-LLM (``running_source: no_latency_counters``) and the queue
+time to the summary, if any. The failed scrape
 does not replace the previous baseline. Every failure is one structlog event (``triton.metrics_malformed``,
 ``triton.warm_path_unavailable``, ``triton.unreachable``, ``triton.exiting``).
 """
@@ -179,8 +182,9 @@ class _Scrape:
     at_ms: int
     success: float
     count: float
-    queue_us: float
-    request_us: float
+    queue_us: float | None
+    """Cumulative queue µs; None when Triton runs with ``counter_latencies=false``."""
+    request_us: float | None
     first_response: tuple[tuple[float, float], ...] | None
     tokens: tuple[float, float] | None = None
     """(prompt, generation) token counters of the vLLM backend; None when not exported."""
@@ -366,8 +370,8 @@ class TritonDriver:
             unknown = set() if rates is not None else set(TOKEN_FIELDS)
             if parsed.kv is None:
                 unknown.add("kv_usage")
-            if s.running_source == "no_baseline":
-                unknown.add("running")  # Little's law needs two scrapes: 0 here means "not yet known"
+            if s.running_source in ("no_baseline", "no_latency_counters"):
+                unknown.add("running")  # Little's law needs two scrapes and the latency counters
         ttft = _first_response_p99_ms(previous, current)
         used, total = parsed.gpu if parsed.gpu is not None else (0, 0)
         log.debug("triton.sample", base_url=self.metrics_url, model=self.model, waiting=parsed.waiting,
@@ -418,9 +422,10 @@ class TritonDriver:
 
         pending = model_sum(PENDING)
         success, count = model_sum(SUCCESS), model_sum(COUNT)
-        queue_us, request_us = model_sum(QUEUE_US), model_sum(REQUEST_US)
+        queue_us, request_us = model_sum(QUEUE_US, False), model_sum(REQUEST_US, False)
+        if queue_us is None or request_us is None:  # counter_latencies=false: both go together
+            queue_us = request_us = None
         assert pending is not None and success is not None and count is not None
-        assert queue_us is not None and request_us is not None
         waiting = pending
         trt_waiting = model_sum(TRT_REQUESTS, False, request_type="waiting")
         trt_scheduled = model_sum(TRT_REQUESTS, False, request_type="scheduled")
@@ -511,16 +516,23 @@ def _derived(previous: _Scrape | None, current: _Scrape) -> tuple[int, str, floa
     """(running by Little's law, its source, mean queue ms, inferences/s) between two scrapes."""
     if previous is None or current.at_ms <= previous.at_ms:
         return 0, "no_baseline", None, 0.0
+    latencies = (previous.queue_us, previous.request_us, current.queue_us, current.request_us)
     if (current.success < previous.success or current.count < previous.count
-            or current.queue_us < previous.queue_us or current.request_us < previous.request_us):
-        previous = _Scrape(previous.at_ms, 0.0, 0.0, 0.0, 0.0, None)  # restart: every counter from zero
+            or (None not in latencies and (current.queue_us < previous.queue_us  # type: ignore[operator]
+                                           or current.request_us < previous.request_us))):  # type: ignore[operator]
+        zero = None if current.queue_us is None else 0.0
+        previous = _Scrape(previous.at_ms, 0.0, 0.0, zero, zero, None)  # restart: every counter from zero
     elapsed_us = (current.at_ms - previous.at_ms) * 1000.0
+    rate = (current.count - previous.count) / (elapsed_us / 1e6)
+    if None in (previous.queue_us, previous.request_us, current.queue_us, current.request_us):
+        return 0, "no_latency_counters", None, rate  # running cannot be told: unknown, not 0
+    assert previous.queue_us is not None and previous.request_us is not None
+    assert current.queue_us is not None and current.request_us is not None
     d_success = current.success - previous.success
     d_queue = current.queue_us - previous.queue_us
     d_busy = max(0.0, (current.request_us - previous.request_us) - d_queue)
     running = min(engine_http.MAX_COUNT, math.floor(d_busy / elapsed_us + 0.5))  # an estimate: capped to the wire
     mean_queue_ms = d_queue / d_success / 1000.0 if d_success > 0 else None
-    rate = (current.count - previous.count) / (elapsed_us / 1e6)
     return running, "littles_law", mean_queue_ms, rate
 
 

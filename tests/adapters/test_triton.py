@@ -386,7 +386,25 @@ def test_nan_metric_is_typed_error(fake: FakeTritonServer, metric: str) -> None:
     assert info.value.field == metric and "non-finite" in info.value.problem
 
 
-@pytest.mark.parametrize("metric", REQUIRED + ["nv_gpu_memory_total_bytes", "nv_gpu_memory_used_bytes"])
+LATENCY_COUNTERS = ["nv_inference_queue_duration_us", "nv_inference_request_duration_us"]
+
+
+@pytest.mark.parametrize("metric", LATENCY_COUNTERS)
+def test_latency_counters_off_leave_running_unknown(fake: FakeTritonServer, metric: str) -> None:
+    """``--metrics-config counter_latencies=false``: no Little's law, so running is unknown, not 0."""
+    fake.missing_metrics = {metric}
+    d = driver_for(fake)
+    fake.pending, fake.success, fake.inference_count = 3, 10, 10
+    d.sample(IID, DEP, 0)
+    fake.success, fake.inference_count = 30, 30
+    s = d.sample(IID, DEP, 1_000)
+    assert (s.waiting, s.running, s.queue_p95_ms) == (3, 0, None) and "running" in s.unknown
+    st = d.statistics()
+    assert (st["running_source"], st["inferences_per_s"], st["queue_source"]) == ("no_latency_counters", 20.0, "none")
+
+
+@pytest.mark.parametrize("metric", [m for m in REQUIRED if m not in LATENCY_COUNTERS]
+                         + ["nv_gpu_memory_total_bytes", "nv_gpu_memory_used_bytes"])
 def test_missing_metric_is_typed_error(fake: FakeTritonServer, metric: str) -> None:
     fake.missing_metrics = {metric}
     with pytest.raises(MetricsMalformed) as info:
