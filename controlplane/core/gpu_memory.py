@@ -116,9 +116,11 @@ class MemoryView:
         fitting = [sum(1 for b in free if b >= need) for free in p.nodes.values()]
         return max(0, min(sum(k // g for k in fitting), (sum(fitting) - p.pending) // g))
 
-    def cap(self, d: Deployment, free: Mapping[ClusterId, int]) -> tuple[dict[ClusterId, int], dict[ClusterId, str]]:
+    def cap(self, d: Deployment, free: Mapping[ClusterId, int],
+            count: int | None = None) -> tuple[dict[ClusterId, int], dict[ClusterId, str]]:
         """``free`` (GPUs per cluster for ``d``'s pool) lowered to what memory holds, and a note for
-        each cluster where memory, not the GPU count, stopped an instance."""
+        each cluster where memory, not the GPU count, keeps out some of ``count`` new instances
+        (None: any)."""
         out = dict(free)
         why: dict[ClusterId, str] = {}
         g = max(1, d.gpus_per_instance)
@@ -127,7 +129,8 @@ class MemoryView:
             if n is None or out[cid] <= n * g:
                 continue
             before, out[cid] = out[cid], n * g
-            if before >= g and n * g < before:
+            wanted = before if count is None else min(before, count * g)
+            if before >= g and n * g < wanted:
                 why[cid] = self._explain(cid, d, n, before)
         return out, why
 

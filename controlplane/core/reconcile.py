@@ -932,7 +932,7 @@ def _create(tick: _Tick, d: Deployment, count: int, existing: Sequence[Instance]
     free = {cl.id: tick.free.get((cl.id, d.pool), 0) for cl in clusters}
     limited: dict[ClusterId, str] = {}
     if tick.memory is not None:
-        free, limited = tick.memory.cap(d, free)
+        free, limited = tick.memory.cap(d, free, count)
     # Half-open: a blocked cluster whose backoff has elapsed gets exactly one instance as its probe;
     # its warm-up closes the breakers or re-opens them with a longer backoff.
     probe = _probe_cluster(tick, d, blocked)

@@ -191,3 +191,10 @@ def test_the_loop_passes_fresh_reports_to_placement_and_logs_memory_notes_once()
     rg.source.script[t1] = Observations(t1, gpu_memory=((ClusterId("c1"), leaked),))
     rep = rg.loop.tick(t1)
     assert rep.plan is not None and creates(rep.plan) == ["c1"]  # the second replica, by counting
+
+
+def test_a_cap_that_still_holds_every_wanted_instance_says_nothing() -> None:
+    v = view({"c1": report(units("n1", EMPTY, EMPTY, 0))})
+    free, why = v.cap(dep(), {ClusterId("c1"): 8}, count=2)
+    assert free == {"c1": 2} and why == {}  # memory holds the 2 wanted: nothing to explain
+    assert set(v.cap(dep(), {ClusterId("c1"): 8}, count=3)[1]) == {"c1"}
