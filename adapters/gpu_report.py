@@ -20,8 +20,9 @@ for the same reason as the model cache (:mod:`adapters.model_cache`): writing no
 cluster-wide RBAC.
 
 The adapter (:class:`NodeGpuReader`, the ``kubernetes.gpu_memory`` section) lists those ConfigMaps
-at most every ``refresh_s`` and turns them into one
-:class:`~controlplane.domain.observations.GpuReport` per batch, each unit's free memory being
+at most every ``refresh_s`` and sends each new :class:`~controlplane.domain.observations.GpuReport`
+in one batch (the coordinators keep each cluster's latest; a large cluster's report is not resent
+every 250 ms), each unit's free memory being
 ``total - used - reserved``: memory any process holds is not free for a new instance, ours
 included. A record that does not parse or is inconsistent (not JSON, a negative byte count, used +
 reserved above total, a missing field) is a typed :class:`ValidationError` naming the ConfigMap and
@@ -178,6 +179,7 @@ class NodeGpuReader:
         self._clock_ms = clock_ms
         self._timeout_s = timeout_s
         self._report: GpuReport | None = None
+        self._sent: GpuReport | None = None
         self._next_ms = 0
         self._warned: dict[str, str] = {}
         """ConfigMap -> the last problem logged for it (each bad content is logged once)."""
@@ -231,9 +233,20 @@ class NodeGpuReader:
         return report_of(records, now_ms)
 
 
+    def fresh(self) -> GpuReport | None:
+        """The report when it was (re)read since the previous call, else None: a batch carries it once
+        per ``refresh_s``, not every 250 ms (the coordinators keep each cluster's latest)."""
+        report = self.report()
+        if report is None or report is self._sent:
+            return None
+        self._sent = report
+        return report
+
+
 def observed(reader: NodeGpuReader | None, cluster_id: ClusterId) -> tuple[tuple[ClusterId, GpuReport], ...]:
-    """``Observations.gpu_memory`` of a backend with this reader (none without one or before a list)."""
-    report = None if reader is None else reader.report()
+    """``Observations.gpu_memory`` of a backend with this reader: each new report once (none without
+    a reader, before the first list, or between refreshes)."""
+    report = None if reader is None else reader.fresh()
     return () if report is None else ((cluster_id, report),)
 
 

@@ -246,12 +246,17 @@ def test_kubernetes_backend_reports_the_agents_records(fake: FakeKubeApiServer) 
     b = kube(fake, clock, GpuReportConfig(namespace=NS, refresh_s=5))
     try:
         obs = b.observe(clock.ms)
-        assert obs.gpu_memory == ((ClusterId("gpu-a"), GpuReport(clock.ms, (GpuUnit("n1", "GPU-a", 79 * GiB, 80 * GiB, "h100"),))),)
+        first = GpuReport(clock.ms, (GpuUnit("n1", "GPU-a", 79 * GiB, 80 * GiB, "h100"),))
+        assert obs.gpu_memory == ((ClusterId("gpu-a"), first),)
+        clock.ms += 1_000
+        assert b.observe(clock.ms).gpu_memory == ()  # sent once per refresh, not every batch
         fake.fail_next(500, path_contains="/configmaps")
+        clock.ms += 4_000
+        assert b.observe(clock.ms).gpu_memory == ()  # an API failure: nothing new (the coordinators age the old one out)
         clock.ms += 5_000
-        assert b.observe(clock.ms).gpu_memory == obs.gpu_memory  # an API failure keeps the last report
+        assert b.observe(clock.ms).gpu_memory == ((ClusterId("gpu-a"), GpuReport(clock.ms, first.units)),)
         lists = [p for m, p, _ in fake.requests if m == "GET" and "/configmaps" in p]
-        assert all("labelSelector=controlplane.io/gpu-memory%3Dnode" in p for p in lists) and len(lists) == 2
+        assert all("labelSelector=controlplane.io/gpu-memory%3Dnode" in p for p in lists) and len(lists) == 3
     finally:
         b.close()
 
