@@ -310,3 +310,20 @@ def test_simulated_mig_slices_are_units() -> None:
     ((_, rep),) = b.observe(clock.ms).gpu_memory
     assert [(u.unit, u.total_bytes) for u in rep.units] == [("GPU-sim-0-0/mig0", 40 * GiB), ("GPU-sim-0-0/mig1", 40 * GiB)]
     assert MemoryView({ClusterId("gpu-a"): rep}, {}, ()).covers(ClusterId("gpu-a"), "h100") is False  # unknown cluster
+
+
+def test_the_gpu_agent_command_checks_its_flags_and_prints_a_record(capsys: pytest.CaptureFixture[str],
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from controlplane.cli.main import main
+
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    assert main(["gpu-agent", "--once", "--print"]) == 2
+    assert "gpu-agent: --node: a Kubernetes node name is required" in capsys.readouterr().err
+    assert main(["gpu-agent", "--node", "n1", "--interval-s", "0", "--once", "--print"]) == 2
+    assert main(["gpu-agent", "--node", "n1", "--pool", "Bad Pool", "--once", "--print"]) == 2
+    assert main(["gpu-agent", "--node", "n1", "--once"]) == 2  # publishing needs a namespace
+    fake_nvml = FakeNvml([FakeDev("GPU-a", "H100", H100, RESERVED, 0)])
+    monkeypatch.setattr("adapters.gpu.GpuMonitor", lambda: GpuMonitor(fake_nvml))
+    assert main(["gpu-agent", "--node", "n1", "--pool", "h100", "--once", "--print"]) == 0
+    rec = parse_record("stdout", capsys.readouterr().out.strip())
+    assert rec.node == "n1" and rec.pool == "h100" and [g.unit for g in rec.gpus] == ["GPU-a"]
