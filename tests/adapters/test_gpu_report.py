@@ -327,3 +327,20 @@ def test_the_gpu_agent_command_checks_its_flags_and_prints_a_record(capsys: pyte
     assert main(["gpu-agent", "--node", "n1", "--pool", "h100", "--once", "--print"]) == 0
     rec = parse_record("stdout", capsys.readouterr().out.strip())
     assert rec.node == "n1" and rec.pool == "h100" and [g.unit for g in rec.gpus] == ["GPU-a"]
+
+
+def test_the_coordinators_keep_each_cluster_latest_report_across_batches_without_one() -> None:
+    from adapters.client import RemoteObservations
+
+    clock = Clock()
+    source = RemoteObservations({"gpu-a": "127.0.0.1:1", "gpu-b": "127.0.0.1:2"}, clock)
+    try:
+        rep = GpuReport(clock.ms, (GpuUnit("n1", "GPU-a", 5 * GiB, 80 * GiB),))
+        source._receive("gpu-a", batch_of("gpu-a", 1, "s", Observations(clock.ms, gpu_memory=((ClusterId("gpu-a"), rep),))))
+        source._receive("gpu-a", batch_of("gpu-a", 2, "s", Observations(clock.ms + 250)))
+        # a batch carries its own cluster's report only: gpu-b's cannot speak for gpu-a
+        source._receive("gpu-b", batch_of("gpu-b", 1, "s", Observations(clock.ms, gpu_memory=((ClusterId("gpu-a"), GpuReport(1)),))))
+        (cid, got), = source.gather(clock.ms + 500).gpu_memory
+        assert cid == "gpu-a" and got.units == rep.units
+    finally:
+        source.close()
