@@ -34,7 +34,7 @@ from controlplane.api.v1 import adapter_pb2, adapter_pb2_grpc
 from controlplane.config import is_loopback_address
 from controlplane.domain.errors import NotFound, StaleEpoch, Unavailable, ValidationError
 from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId
-from controlplane.domain.observations import InstanceReport, InstanceSample, Observations
+from controlplane.domain.observations import GpuReport, InstanceReport, InstanceSample, Observations
 
 log = structlog.get_logger("adapters.client")
 
@@ -224,6 +224,8 @@ class RemoteObservations:
         self._gateway: dict[tuple[str, DeploymentId], int] = {}
         self._caches: dict[ClusterId, tuple[str, ...]] = {}
         """Each cluster's model cache as its adapter last reported it (kept across batches without one)."""
+        self._gpu: dict[ClusterId, GpuReport] = {}
+        """Each cluster's GPU memory report, the latest (its ``at_ms`` says how old; the loop ages it out)."""
         self._calls: dict[str, grpc.Future] = {}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -354,6 +356,9 @@ class RemoteObservations:
             for cache_cluster, models in obs.model_caches:
                 if cache_cluster == cid:
                     self._caches[ClusterId(cid)] = models
+            for gpu_cluster, report in obs.gpu_memory:
+                if gpu_cluster == cid:
+                    self._gpu[ClusterId(cid)] = report
         if pressure and self._on_pressure is not None:
             self._on_pressure()
 
@@ -368,7 +373,8 @@ class RemoteObservations:
             for (_, dep), n in self._gateway.items():
                 gateway[dep] = gateway.get(dep, 0) + n
             caches = tuple(sorted(self._caches.items()))
-        return Observations(now_ms, samples, reports, tuple(sorted(gateway.items())), caches)
+            gpu = tuple(sorted(self._gpu.items()))
+        return Observations(now_ms, samples, reports, tuple(sorted(gateway.items())), caches, gpu)
 
     def recent(self, since_ms: int) -> list[Observations]:
         """The adapters' ring buffers since ``since_ms`` (local clock), oldest first; an adapter that

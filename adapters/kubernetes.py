@@ -55,6 +55,7 @@ from urllib3.exceptions import HTTPError as Urllib3Error
 from adapters.backend import MAX_REPLICAS, FenceToken, InstanceCommand, ScaleCommand
 from adapters.deepspeed_mii import MiiDriver
 from adapters.engine_http import WarmPathUnavailable
+from adapters import gpu_report
 from adapters.model_cache import ModelCacheConfig, NodeCacheReader
 from adapters.triton import TritonDriver
 from adapters.vllm import VllmDriver
@@ -154,6 +155,8 @@ class KubernetesConfig(BaseModel):
     engine_timeout_s: float = Field(default=2.0, gt=0, le=60)
     model_cache: ModelCacheConfig | None = Field(
         default=None, description="report the node-local model cache (adapters/model_cache.py); None: do not")
+    gpu_memory: gpu_report.GpuReportConfig | None = Field(
+        default=None, description="report the gpu-agent nodes' GPU memory (adapters/gpu_report.py); None: do not")
 
     @model_validator(mode="after")
     def _unique(self) -> KubernetesConfig:
@@ -401,6 +404,8 @@ class KubernetesBackend:
         self._stats = Statistics()
         self._cache = None if config.model_cache is None else NodeCacheReader(
             self._core, config.model_cache, clock_ms, config.request_timeout_s)
+        self._gpu = None if config.gpu_memory is None else gpu_report.NodeGpuReader(
+            self._core, config.gpu_memory, clock_ms, config.request_timeout_s)
 
     @classmethod
     def from_config(cls, config: KubernetesConfig, **kwargs: Any) -> KubernetesBackend:
@@ -488,7 +493,8 @@ class KubernetesBackend:
             reports, self._reports = tuple(self._reports), []
         models = None if self._cache is None else self._cache.models()
         caches = () if models is None else ((self._cluster_id, models),)
-        return Observations(at_ms=now_ms, samples=samples, reports=reports, model_caches=caches)
+        return Observations(at_ms=now_ms, samples=samples, reports=reports, model_caches=caches,
+                            gpu_memory=gpu_report.observed(self._gpu, self._cluster_id))
 
     # -- commands -------------------------------------------------------------------------------------
     def _workload(self, deployment: DeploymentId) -> _Workload:

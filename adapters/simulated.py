@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from adapters.backend import MAX_GPUS_PER_INSTANCE, MAX_REPLICAS, InstanceCommand, ScaleCommand
+from adapters.sim_gpu import SimGpuConfig, simulated_report
 from controlplane.domain.errors import NotFound, ValidationError
 from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId, deployment_id_problem, instance_prefix
 from controlplane.domain.observations import Observations
@@ -105,6 +106,8 @@ class SimulatedConfig(BaseModel):
     """Model profiles the cluster's node-local model cache holds at the start (None: every profile,
     as a pre-fetch DaemonSet gives); a new instance of another model is a ``cold`` start, after which
     the cache holds it. Reported to the coordinators with every observation batch."""
+    gpu_memory: SimGpuConfig | None = None
+    """Simulated per-GPU memory reported with every batch (:mod:`adapters.sim_gpu`); None: none."""
     default: SimDeploymentConfig | None = None
     """Template for deployments not listed (e.g. created later through the API), with
     ``deployment: "*"``: the first command for an unknown deployment adds it, and its load schedule
@@ -158,6 +161,7 @@ class SimulatedBackend:
         self._clock_ms = clock_ms or wall_ms
         self._cfg = {DeploymentId(d.deployment): d for d in config.deployments}
         self._default = config.default
+        self._gpu = config.gpu_memory
         self._lock = threading.RLock()
         self._rng = random.Random(config.seed)
         self._load_rng = random.Random(config.seed + 1)
@@ -323,7 +327,11 @@ class SimulatedBackend:
             self._advance(now_ms)
             interval = max(1, self._now_ms - self._last_observe_ms)
             self._last_observe_ms = self._now_ms
-            return self.fleet.gather(self._now_ms, interval)
+            obs = self.fleet.gather(self._now_ms, interval)
+            if self._gpu is None:
+                return obs
+            report = simulated_report(self._gpu, self.fleet.instances.values(), self._now_ms)
+            return replace(obs, gpu_memory=((self.cluster_id, report),))
 
     def close(self) -> None:
         pass

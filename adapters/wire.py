@@ -7,7 +7,7 @@ from __future__ import annotations
 from controlplane.api.v1 import adapter_pb2
 from controlplane.domain.engines import LOAD_FIELDS
 from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId
-from controlplane.domain.observations import InstanceReport, InstanceSample, Observations
+from controlplane.domain.observations import GpuReport, GpuUnit, InstanceReport, InstanceSample, Observations
 
 STALE_EPOCH_METADATA = ("cp-error", "stale-epoch")
 """Trailing metadata of a FAILED_PRECONDITION that is a stale fencing epoch (the service sets it, the
@@ -17,7 +17,9 @@ adapter server (its gRPC health/reflection services, backends and identity check
 
 def batch_of(cluster_id: str, seq: int, stream_id: str, obs: Observations,
              observe_failed: bool = False) -> adapter_pb2.ObservationBatch:
-    """One batch of ``cluster_id``'s observations (its own entry of ``obs.model_caches`` only)."""
+    """One batch of ``cluster_id``'s observations (its own entries of ``obs.model_caches`` and
+    ``obs.gpu_memory`` only)."""
+    gpu = next((r for cid, r in obs.gpu_memory if cid == cluster_id), None)
     return adapter_pb2.ObservationBatch(
         cluster_id=cluster_id, seq=seq, at_ms=obs.at_ms, stream_id=stream_id, observe_failed=observe_failed,
         samples=[sample_message(s) for s in obs.samples],
@@ -26,6 +28,9 @@ def batch_of(cluster_id: str, seq: int, stream_id: str, obs: Observations,
         gateway=[adapter_pb2.GatewayQueue(deployment_id=d, waiting=n) for d, n in obs.gateway_waiting],
         model_cache=next((adapter_pb2.ModelCache(models=list(models)) for cid, models in obs.model_caches
                           if cid == cluster_id), None),
+        gpu_memory=None if gpu is None else adapter_pb2.GpuMemoryReport(at_ms=gpu.at_ms, units=[
+            adapter_pb2.GpuUnit(node=u.node, unit=u.unit, free_bytes=u.free_bytes, total_bytes=u.total_bytes,
+                                pool=u.pool, problem=u.problem) for u in gpu.units]),
     )
 
 
@@ -65,4 +70,12 @@ def observations_of(batch: adapter_pb2.ObservationBatch, shift_ms: int = 0) -> O
     reports = tuple(InstanceReport(InstanceId(r.instance_id), r.event, r.at_ms + shift_ms, r.detail) for r in batch.reports)
     gateway = tuple((DeploymentId(g.deployment_id), g.waiting) for g in batch.gateway)
     caches = ((ClusterId(batch.cluster_id), tuple(batch.model_cache.models)),) if batch.HasField("model_cache") else ()
-    return Observations(batch.at_ms + shift_ms, samples, reports, gateway, caches)
+    gpu: tuple[tuple[ClusterId, GpuReport], ...] = ()
+    if batch.HasField("gpu_memory"):
+        g = batch.gpu_memory
+        # A peer's negative or inconsistent bytes offer nothing (never more than they say).
+        units = tuple(sorted(
+            (GpuUnit(u.node, u.unit, max(0, min(u.free_bytes, u.total_bytes)), max(0, u.total_bytes), u.pool, u.problem)
+             for u in g.units), key=lambda u: (u.node, u.unit)))
+        gpu = ((ClusterId(batch.cluster_id), GpuReport(g.at_ms + shift_ms, units)),)
+    return Observations(batch.at_ms + shift_ms, samples, reports, gateway, caches, gpu)

@@ -168,6 +168,10 @@ def _parser() -> argparse.ArgumentParser:
                                           "(fence_key_file), the public one for the adapters (fence_public_key_files)")
     fk.add_argument("--dir", required=True, metavar="DIR", help="where <name>-key.pem (0600) and <name>.pub.pem go")
     fk.add_argument("--name", default="fence", help="file name prefix (default fence)")
+    ga = sub.add_parser("gpu-agent", help="node agent: publish this node's GPU memory (NVML) for the cluster adapter")
+    from controlplane.cli.gpu_agent import add_arguments as add_gpu_agent_arguments
+
+    add_gpu_agent_arguments(ga)
     pr = sub.add_parser("probe", help="read one inference engine once through its driver and print the observation")
     pr.add_argument("--engine", required=True, choices=("vllm", "triton", "deepspeed-mii"))
     pr.add_argument("--url", required=True, metavar="URL", help="vLLM server, Triton HTTP port, or MII REST URL .../mii/NAME")
@@ -416,6 +420,15 @@ def _bench(args: argparse.Namespace) -> int:
 
 _SERVICE_COMMANDS = {"coordinator": _coordinator, "up": _up, "status": _status, "adapter": _adapter, "members": _members}
 _SERVICE_COMMANDS["bench"] = _bench
+
+
+def _gpu_agent(args: argparse.Namespace) -> int:
+    from controlplane.cli.gpu_agent import run
+
+    return run(args)
+
+
+_SERVICE_COMMANDS["gpu-agent"] = _gpu_agent
 
 
 def _probe(args: argparse.Namespace) -> int:

@@ -87,6 +87,7 @@ class _BoundPlacer:
         blocked: Collection[ClusterId],
         zones: Mapping[object, Zone] | None = None,
         cached: Collection[ClusterId] = frozenset(),
+        memory_limited: Mapping[ClusterId, str] | None = None,
     ) -> placement.Placement:
         bound = self._bindings.get(deployment.id, ())[: max(0, count)]
         unplaced = max(0, count) - len(bound)

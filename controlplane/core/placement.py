@@ -65,6 +65,9 @@ class PlacementOutcome(enum.Enum):
     """Every schedulable cluster is blocked by an open breaker."""
     NO_CAPACITY = "no_capacity"
     """The schedulable unblocked clusters have too few free GPUs for (the rest of) the instances."""
+    NO_GPU_MEMORY = "no_gpu_memory"
+    """As ``NO_CAPACITY``, and on some of them the reported GPU memory, not the GPU count, was short
+    (:mod:`controlplane.core.gpu_memory`): the reason names those clusters and why."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +123,8 @@ def _spread_counts(
     return per_zone, per_cluster
 
 
-def _shortfall(placed: int, count: int, n_clusters: int, n_cordoned: int, n_blocked: int, need: int) -> Placement:
+def _shortfall(placed: int, count: int, n_clusters: int, n_cordoned: int, n_blocked: int, need: int,
+               memory: Mapping[ClusterId, str]) -> Placement:
     unplaced = count - placed
     if unplaced == 0:
         return Placement((), 0, f"placed {count} of {count}", PlacementOutcome.PLACED)
@@ -138,6 +142,9 @@ def _shortfall(placed: int, count: int, n_clusters: int, n_cordoned: int, n_bloc
         f"no capacity: none of the {n_clusters - n_cordoned - n_blocked} unblocked clusters has {need} free GPUs"
         f" ({n_blocked} blocked by open breakers{cordoned})"
     )
+    if memory:
+        why += "; GPU memory: " + "; ".join(memory[k] for k in sorted(memory))
+        return Placement((), unplaced, head + why, PlacementOutcome.NO_GPU_MEMORY)
     return Placement((), unplaced, head + why, PlacementOutcome.NO_CAPACITY)
 
 
@@ -150,13 +157,16 @@ def place(
     blocked: Collection[ClusterId],
     zones: Mapping[ZoneId, Zone] | None = None,
     cached: Collection[ClusterId] = frozenset(),
+    memory_limited: Mapping[ClusterId, str] | None = None,
 ) -> Placement:
     """Choose a cluster for each of ``count`` new instances of ``deployment`` (see the module doc).
 
     ``existing`` may hold instances of other deployments; only this deployment's non-terminal ones
     count toward the spread. ``blocked`` and ``cached`` (the clusters whose model cache holds the
     deployment's model: ``core.model_cache.cached_clusters``) are only tested for membership.
-    ``zones`` holds the zone records (cordon state); a zone missing from it is schedulable. Raises
+    ``zones`` holds the zone records (cordon state); a zone missing from it is schedulable.
+    ``memory_limited``: clusters whose ``free_gpus`` the reported GPU memory lowered, with why
+    (:meth:`controlplane.core.gpu_memory.MemoryView.cap`); named in the reason of a shortfall. Raises
     :class:`ValidationError` for a negative ``count`` or a cluster listed twice.
     """
     _check_count(count)
@@ -180,7 +190,8 @@ def place(
         per_zone[best.zone] = per_zone.get(best.zone, 0) + 1
         per_cluster[best.id] = per_cluster.get(best.id, 0) + 1
     verdict = _shortfall(
-        len(chosen), count, len(ordered), len(ordered) - len(open_), len(open_) - len(unblocked), need
+        len(chosen), count, len(ordered), len(ordered) - len(open_), len(open_) - len(unblocked), need,
+        {k: v for k, v in (memory_limited or {}).items() if k in free},
     )
     return Placement(tuple(chosen), verdict.unplaced, verdict.reason, verdict.outcome)
 

@@ -55,7 +55,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from controlplane.core import breaker as br
-from controlplane.core import model_cache, placement, preemption, room, scaling
+from controlplane.core import gpu_memory, model_cache, placement, preemption, room, scaling
 from controlplane.core.allocator import AllocationRequest, Allocator, bound_placer
 from controlplane.core.signals import FilteredSignals
 from controlplane.domain import commands as c
@@ -69,7 +69,7 @@ from controlplane.domain.instances import (
     InstanceEvent,
     InstanceState,
 )
-from controlplane.domain.observations import Observations
+from controlplane.domain.observations import GpuReport, Observations
 from controlplane.domain.profiles import PROFILES
 from controlplane.domain.records import (
     CLOSED_BREAKER,
@@ -408,6 +408,8 @@ class _Tick:
     """Chooses the clusters of new instances (an allocator's bindings when one is configured)."""
     unplaced: list[tuple[Deployment, int, tuple[ClusterId, ...]]] = field(default_factory=list)
     """Creates left unplaced: (deployment, count, clusters it may be placed on)."""
+    memory: gpu_memory.MemoryView | None = None
+    """The reported GPU memory (None: none passed, GPUs are counted)."""
 
 
 def plan(
@@ -417,14 +419,17 @@ def plan(
     now_ms: int,
     cfg: ReconcileConfig,
     forecasts: Mapping[DeploymentId, Forecast] | None = None,
+    gpu_reports: Mapping[ClusterId, GpuReport] | None = None,
 ) -> Plan:
     """Decide one tick. Pure: reads ``state`` (and the ``forecasts`` computed outside the core from
-    its replicated demand history), returns the commands to commit."""
+    its replicated demand history, and the adapters' fresh ``gpu_reports``, which cap placement:
+    :mod:`controlplane.core.gpu_memory`), returns the commands to commit."""
     evacuating = frozenset(cid for cid, cl in state.clusters.items() if placement.evacuating(cl, state.zones))
     tick = _Tick(
         state, now_ms, cfg, _Breakers(state.breakers),
         {(cl.id, pool): state.free_gpus(cl.id, pool) for cl in state.clusters.values() for pool in cl.capacity},
         cfg.max_creates_per_tick, evacuating,
+        memory=gpu_memory.MemoryView(gpu_reports, state.clusters, state.instances.values()) if gpu_reports else None,
     )
     deployments = [state.deployments[k] for k in sorted(state.deployments)]
     signal_of = signals.get
@@ -500,8 +505,9 @@ def _make_room(
         ))
     ]
     guaranteed = {did: min(deps[did].min_replicas, dec.target) for did, dec in sorted(decisions.items())}
+    free = tick.free if tick.memory is None else tick.memory.cap_pools(tick.free, [d for d, _, _ in tick.unplaced])
     out = room.make_room(
-        state, [(d, n) for d, n, _ in tick.unplaced], {did: g for did, g, _ in grants}, guaranteed, tick.free,
+        state, [(d, n) for d, n, _ in tick.unplaced], {did: g for did, g, _ in grants}, guaranteed, free,
         planned, {d.id: allowed for d, _, allowed in tick.unplaced}, moved, leaving, loads,
     )
     tick.notes += out.notes
@@ -914,7 +920,8 @@ def _probe_cluster(tick: _Tick, d: Deployment, blocked: set[ClusterId]) -> Clust
             continue
         recs = [tick.breakers.get(k) for k in (cluster_key(cid), deployment_key(cid, d.id))]
         due = all(r.phase is BreakerPhase.CLOSED or br.probe_due(r, tick.now_ms) for r in recs)
-        if due and tick.free.get((cid, d.pool), 0) >= d.gpus_per_instance:
+        if due and tick.free.get((cid, d.pool), 0) >= d.gpus_per_instance and (
+                tick.memory is None or tick.memory.fits(cid, d) != 0):
             return cid
     return None
 
@@ -925,6 +932,9 @@ def _create(tick: _Tick, d: Deployment, count: int, existing: Sequence[Instance]
         return
     clusters = [tick.state.clusters[k] for k in sorted(tick.state.clusters)]
     free = {cl.id: tick.free.get((cl.id, d.pool), 0) for cl in clusters}
+    limited: dict[ClusterId, str] = {}
+    if tick.memory is not None:
+        free, limited = tick.memory.cap(d, free, count)
     # Half-open: a blocked cluster whose backoff has elapsed gets exactly one instance as its probe;
     # its warm-up closes the breakers or re-opens them with a longer backoff.
     probe = _probe_cluster(tick, d, blocked)
@@ -936,7 +946,7 @@ def _create(tick: _Tick, d: Deployment, count: int, existing: Sequence[Instance]
             if rec.phase is not BreakerPhase.CLOSED:
                 tick.breakers.put(key, br.on_probe(rec, tick.now_ms, tick.cfg.breaker))
     placed = tick.place(d, count - len(chosen), clusters, free, existing, blocked, tick.state.zones,
-                        cached=model_cache.cached_clusters(tick.state, d.model))
+                        cached=model_cache.cached_clusters(tick.state, d.model), memory_limited=limited)
     chosen += placed.clusters
     if placed.unplaced:
         tick.notes.append(f"{d.id}: {placed.unplaced} of {count} new instances not placed: {placed.reason}")
@@ -944,12 +954,16 @@ def _create(tick: _Tick, d: Deployment, count: int, existing: Sequence[Instance]
             zones = tick.state.zones
             allowed = tuple(cl.id for cl in clusters if cl.id not in blocked and placement.schedulable(cl, zones))
             tick.unplaced.append((d, placed.unplaced, allowed))
+    elif limited:
+        tick.notes.append(f"{d.id}: placed around short GPU memory: " + "; ".join(limited[k] for k in sorted(limited)))
     first = tick.cfg.max_creates_per_tick - tick.creates_left
     for k, cid in enumerate(chosen, start=first):
         # Unique: one tick per now_ms, and k counts every creation of the tick.
         iid = InstanceId(f"{instance_prefix(d.id)}-{tick.now_ms}-{k}")
         tick.commands.append(c.CreateInstance(iid, d.id, cid, tick.now_ms))
         tick.free[(cid, d.pool)] = tick.free.get((cid, d.pool), 0) - d.gpus_per_instance
+        if tick.memory is not None:
+            tick.memory.take(cid, d)
     tick.creates_left -= len(chosen)
 
 
@@ -984,9 +998,10 @@ def live_decisions(
         if d is None:
             continue
         granted, warm = grants.get(did, (dec.target, dec.warm_pool))
+        memory = [n.split(": ", 1)[1] for n in p.notes if n.startswith(f"{did}: ") and "GPU memory" in n]
         out[did] = LiveDecision(
             at_ms=now_ms, current=current_replicas(state, d), target=dec.target, granted=granted,
-            reason=dec.reason.value, message=dec.message, proposals=dict(dec.proposals), panic=dec.panic,
+            reason=dec.reason.value, message="; ".join([dec.message, *memory]) if memory else dec.message, proposals=dict(dec.proposals), panic=dec.panic,
             signals=signal_values(signals.get(did)), warm_pool=warm, forecast=dec.forecast, reactive=dec.reactive,
             unknown=_unknown_of(signals.get(did)),
         )

@@ -92,6 +92,33 @@ class InstanceReport:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuUnit:
+    """One unit of GPU memory an instance can be given: a whole GPU, or one MIG device of a GPU in
+    MIG mode (each MIG device is its own unit with its own memory), on one node."""
+
+    node: str
+    unit: str
+    """The GPU's or MIG device's UUID (NVML), or ``gpu<index>`` / ``gpu<index>/mig<slot>`` without one."""
+    free_bytes: int
+    """Free *for us*: ``total - used - reserved`` (NVML v2; v1 ``used`` includes ``reserved``).
+    Memory any process holds counts as not free (ours or not). 0 for a lost GPU or an NVML error."""
+    total_bytes: int
+    pool: str = ""
+    """The GPU pool of its node (the agent's ``--pool``); ``""``: the cluster's only pool."""
+    problem: str = ""
+    """Why the unit offers nothing (``lost``, an NVML error); ``""`` when it read fine."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReport:
+    """A cluster's GPU memory as its adapter last read it (:mod:`adapters.gpu_report`)."""
+
+    at_ms: int
+    units: tuple[GpuUnit, ...] = ()
+    """Sorted by (node, unit). Empty: no GPU node reported (the cluster then falls back to counting)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Observations:
     """Everything one tick gathers from the adapters."""
 
@@ -103,3 +130,6 @@ class Observations:
     model_caches: tuple[tuple[ClusterId, tuple[str, ...]], ...] = ()
     """``(cluster, models)`` for each cluster whose adapter reported its node-local model cache
     (sorted by cluster; models sorted). A cluster missing here did not report: its record stays."""
+    gpu_memory: tuple[tuple[ClusterId, GpuReport], ...] = ()
+    """``(cluster, report)`` for each cluster whose adapter reported per-GPU memory (NVML through the
+    node agents, or simulated), sorted by cluster. Soft state: passed to placement, never replicated."""

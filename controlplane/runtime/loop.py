@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from controlplane.core import breaker, reconcile, signals
+from controlplane.core import breaker, gpu_memory, reconcile, signals
 from controlplane.core.reconcile import LiveDecision
 from controlplane.domain import commands as c
 from controlplane.domain.errors import ControlPlaneError, StaleEpoch, TemporaryError
@@ -173,6 +173,8 @@ class ControlLoop:
         """Cluster -> its adapter's current run of batches, as this holder has seen it."""
         self.last_signals: dict[DeploymentId, signals.FilteredSignals | None] = {}
         """The filtered signals of the latest tick (replaced whole each tick)."""
+        self._memory_notes: tuple[str, ...] = ()
+        """The latest tick's notes on placements the GPU memory limited (logged when they change)."""
         self.live_decisions: dict[DeploymentId, LiveDecision] = {}
         """The latest acting tick's evaluation per deployment; empty while this loop does not act
         (replaced whole each tick)."""
@@ -235,7 +237,9 @@ class ControlLoop:
             raise
         state = self._replicator.state  # a replicated state may be a copy: read it again
         forecasts = self._forecasts(state, now_ms)
-        plan = reconcile.plan(state, filtered, loads, now_ms, self._cfg, forecasts)  # decide
+        gpu = gpu_memory.fresh_reports(obs.gpu_memory, now_ms)  # soft state, like the forecasts
+        plan = reconcile.plan(state, filtered, loads, now_ms, self._cfg, forecasts, gpu)  # decide
+        self._log_memory_notes(plan)
         self.live_decisions = reconcile.live_decisions(plan, state, filtered, now_ms)  # before the commit
         before = {cmd.instance_id: state.instances.get(cmd.instance_id) for cmd in plan.commands
                   if isinstance(cmd, c.TransitionInstance)}
@@ -259,6 +263,14 @@ class ControlLoop:
         except Exception as exc:
             log.warning("forecast_failed", error=f"{type(exc).__name__}: {exc}")
             return None
+
+    def _log_memory_notes(self, plan: reconcile.Plan) -> None:
+        """Log the placements the reported GPU memory limited, once per change (not every tick)."""
+        notes = tuple(n for n in plan.notes if "GPU memory" in n)
+        if notes != self._memory_notes:
+            self._memory_notes = notes
+            for note in notes:
+                log.info("placement_gpu_memory", note=note)
 
     def _hold(self, reports: Sequence[InstanceReport], now_ms: int) -> None:
         """Keep the reports of a tick that does not act (or whose facts did not commit) for the next

@@ -145,7 +145,7 @@ class GatewayQueue(_message.Message):
     def __init__(self, deployment_id: _Optional[str] = ..., waiting: _Optional[int] = ...) -> None: ...
 
 class ObservationBatch(_message.Message):
-    __slots__ = ("cluster_id", "seq", "at_ms", "samples", "reports", "gateway", "stream_id", "observe_failed", "model_cache")
+    __slots__ = ("cluster_id", "seq", "at_ms", "samples", "reports", "gateway", "stream_id", "observe_failed", "model_cache", "gpu_memory")
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     AT_MS_FIELD_NUMBER: _ClassVar[int]
@@ -155,6 +155,7 @@ class ObservationBatch(_message.Message):
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     OBSERVE_FAILED_FIELD_NUMBER: _ClassVar[int]
     MODEL_CACHE_FIELD_NUMBER: _ClassVar[int]
+    GPU_MEMORY_FIELD_NUMBER: _ClassVar[int]
     cluster_id: str
     seq: int
     at_ms: int
@@ -164,7 +165,32 @@ class ObservationBatch(_message.Message):
     stream_id: str
     observe_failed: bool
     model_cache: ModelCache
-    def __init__(self, cluster_id: _Optional[str] = ..., seq: _Optional[int] = ..., at_ms: _Optional[int] = ..., samples: _Optional[_Iterable[_Union[InstanceSample, _Mapping]]] = ..., reports: _Optional[_Iterable[_Union[InstanceReport, _Mapping]]] = ..., gateway: _Optional[_Iterable[_Union[GatewayQueue, _Mapping]]] = ..., stream_id: _Optional[str] = ..., observe_failed: _Optional[bool] = ..., model_cache: _Optional[_Union[ModelCache, _Mapping]] = ...) -> None: ...
+    gpu_memory: GpuMemoryReport
+    def __init__(self, cluster_id: _Optional[str] = ..., seq: _Optional[int] = ..., at_ms: _Optional[int] = ..., samples: _Optional[_Iterable[_Union[InstanceSample, _Mapping]]] = ..., reports: _Optional[_Iterable[_Union[InstanceReport, _Mapping]]] = ..., gateway: _Optional[_Iterable[_Union[GatewayQueue, _Mapping]]] = ..., stream_id: _Optional[str] = ..., observe_failed: _Optional[bool] = ..., model_cache: _Optional[_Union[ModelCache, _Mapping]] = ..., gpu_memory: _Optional[_Union[GpuMemoryReport, _Mapping]] = ...) -> None: ...
+
+class GpuMemoryReport(_message.Message):
+    __slots__ = ("at_ms", "units")
+    AT_MS_FIELD_NUMBER: _ClassVar[int]
+    UNITS_FIELD_NUMBER: _ClassVar[int]
+    at_ms: int
+    units: _containers.RepeatedCompositeFieldContainer[GpuUnit]
+    def __init__(self, at_ms: _Optional[int] = ..., units: _Optional[_Iterable[_Union[GpuUnit, _Mapping]]] = ...) -> None: ...
+
+class GpuUnit(_message.Message):
+    __slots__ = ("node", "unit", "free_bytes", "total_bytes", "pool", "problem")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    UNIT_FIELD_NUMBER: _ClassVar[int]
+    FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    PROBLEM_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    unit: str
+    free_bytes: int
+    total_bytes: int
+    pool: str
+    problem: str
+    def __init__(self, node: _Optional[str] = ..., unit: _Optional[str] = ..., free_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., pool: _Optional[str] = ..., problem: _Optional[str] = ...) -> None: ...
 
 class ModelCache(_message.Message):
     __slots__ = ("models",)
