@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import structlog
 from kubernetes import client as k8s
@@ -53,11 +53,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from urllib3.exceptions import HTTPError as Urllib3Error
 
 from adapters.backend import MAX_REPLICAS, FenceToken, InstanceCommand, ScaleCommand
-from adapters.deepspeed_mii import MiiDriver
 from adapters.engine_http import WarmPathUnavailable
+from adapters.engines import DriverAddress, EngineDriver, build_driver
+from adapters.engines import entry as engine_entry
 from adapters.model_cache import ModelCacheConfig, NodeCacheReader
-from adapters.triton import TritonDriver
-from adapters.vllm import VllmDriver
 from controlplane.core.backoff import backoff_ms
 from controlplane.domain.errors import (
     Conflict,
@@ -70,7 +69,7 @@ from controlplane.domain.errors import (
     ValidationError,
 )
 from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId, deployment_id_problem
-from controlplane.domain.start_tiers import VLLM_SLEEP_LEVEL
+from controlplane.domain.engines import Engine
 from controlplane.domain.observations import (
     InstanceReport,
     InstanceSample,
@@ -115,7 +114,7 @@ class WorkloadConfig(BaseModel):
     namespace: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
     kind: Literal["Deployment", "StatefulSet"]
     name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
-    engine: Literal["vllm", "triton", "deepspeed-mii"]
+    engine: Engine
     port: int = Field(ge=1, le=65535, description="engine HTTP port")
     metrics_port: int | None = Field(default=None, ge=1, le=65535, description="Triton default 8002")
     model: str | None = Field(default=None, min_length=1, description="Triton model / MII deployment name")
@@ -131,11 +130,18 @@ class WorkloadConfig(BaseModel):
 
     @model_validator(mode="after")
     def _engine_fields(self) -> WorkloadConfig:
-        if self.engine in ("triton", "deepspeed-mii") and not self.model:
-            raise ValueError(f"model: required for engine {self.engine}")
-        if self.engine == "triton" and self.metrics_port is None:
-            object.__setattr__(self, "metrics_port", 8002)
+        e = engine_entry(self.engine)
+        if e.model_required and not self.model:
+            raise ValueError(f"model: required for engine {self.engine.value}")
+        if self.metrics_port is None and e.default_metrics_port is not None:
+            object.__setattr__(self, "metrics_port", e.default_metrics_port)
         return self
+
+    def address(self, host: str, timeout_s: float) -> DriverAddress:
+        """Where this workload's engine listens in the pod at ``host``."""
+        return DriverAddress(base_url=f"http://{host}:{self.port}", timeout_s=timeout_s, model=self.model,
+                             metrics_url=None if self.metrics_port is None else f"http://{host}:{self.metrics_port}",
+                             grpc_address=f"{host}:{self.grpc_port}")
 
 
 class KubernetesConfig(BaseModel):
@@ -216,62 +222,19 @@ def pod_info(pod: k8s.V1Pod, kind: str) -> PodInfo:
 
 
 # -- engines ------------------------------------------------------------------------------------------
-class Driver(Protocol):
-    def sample(self, instance_id: InstanceId, deployment: DeploymentId, now_ms: int) -> InstanceSample: ...
-
-
-DriverFactory = Callable[[WorkloadConfig, PodInfo], Any]
-"""Builds the engine driver (VllmDriver / TritonDriver / MiiDriver) for one pod."""
+DriverFactory = Callable[[WorkloadConfig, PodInfo], EngineDriver]
+"""Builds the engine driver (:class:`~adapters.engines.EngineDriver`) for one pod."""
 
 
 def default_driver_factory(timeout_s: float) -> DriverFactory:
-    """Drivers addressed by pod IP and the configured ports."""
+    """Drivers from the engine registry, addressed by pod IP and the workload's ports."""
 
-    def build(workload: WorkloadConfig, pod: PodInfo) -> Any:
+    def build(workload: WorkloadConfig, pod: PodInfo) -> EngineDriver:
         if not pod.ip:
             raise Unavailable(f"pod {pod.name} has no IP yet")
-        base = f"http://{pod.ip}:{workload.port}"
-        if workload.engine == "vllm":
-            return VllmDriver(base, timeout_s)
-        if workload.engine == "triton":
-            assert workload.model is not None and workload.metrics_port is not None  # config validator
-            return TritonDriver(base, f"http://{pod.ip}:{workload.metrics_port}", workload.model, timeout_s)
-        return MiiDriver(f"{base}/mii/{workload.model}", f"{pod.ip}:{workload.grpc_port}", timeout_s)
+        return build_driver(workload.engine, workload.address(pod.ip, timeout_s))
 
     return build
-
-
-def engine_ready(engine: str, driver: Any) -> bool:
-    if engine == "vllm":
-        return bool(driver.health())
-    if engine == "triton":
-        return bool(driver.model_ready())
-    return bool(driver.ready())
-
-
-def engine_sleep(engine: str, driver: Any, level: int = VLLM_SLEEP_LEVEL) -> None:
-    """The warm path down: vLLM ``POST /sleep?level=<level>`` (the product's
-    ``start_tiers.VLLM_SLEEP_LEVEL``), Triton an explicit model unload. Raises
-    :class:`WarmPathUnavailable` when the server refuses it (vLLM without dev mode), and
-    :class:`ValidationError` for DeepSpeed-MII, which has no sleep at all (the coordinators never
-    ask: their state refuses to put one to sleep)."""
-    if engine == "vllm":
-        driver.sleep(level=level, mode="wait")
-    elif engine == "triton":
-        driver.unload_model()
-    else:
-        raise ValidationError("action", f"engine {engine} has no sleep mode (its only warm path is a restart "
-                                        "from the node's model cache); drain the instance instead")
-
-
-def engine_wake(engine: str, driver: Any) -> None:
-    """vLLM ``POST /wake_up``, Triton an explicit model load; DeepSpeed-MII: see :func:`engine_sleep`."""
-    if engine == "vllm":
-        driver.wake_up()
-    elif engine == "triton":
-        driver.load_model()
-    else:
-        raise ValidationError("action", f"engine {engine} has no sleep mode, so nothing to wake")
 
 
 # -- instance tracking ----------------------------------------------------------------------------------
@@ -395,7 +358,7 @@ class KubernetesBackend:
         self._started = False
         self._workloads = {DeploymentId(w.deployment): _Workload(w) for w in config.workloads}
         self._instances: dict[str, dict[str, _Instance]] = {d: {} for d in self._workloads}
-        self._drivers: dict[tuple[str, str], Any] = {}
+        self._drivers: dict[tuple[str, str], EngineDriver] = {}
         self._reports: list[InstanceReport] = []
         self._warm_path_logged: set[str] = set()
         self._stats = Statistics()
@@ -524,14 +487,14 @@ class KubernetesBackend:
         if inst.phase in (Phase.SLEEPING, Phase.HOT_STANDBY):
             return
         try:
-            engine_sleep(wl.cfg.engine, self._driver(wl, inst.pod))
+            self._driver(wl, inst.pod).warm_down()
             inst.phase = Phase.SLEEPING
         except WarmPathUnavailable as exc:
             inst.phase = Phase.HOT_STANDBY
             if iid not in self._warm_path_logged:
                 self._warm_path_logged.add(iid)
                 log.warning("warm_path_unavailable", deployment=deployment, instance=iid, pod=inst.pod,
-                            engine=wl.cfg.engine, reason=str(exc), fallback="hot_standby")
+                            engine=wl.cfg.engine.value, reason=str(exc), fallback="hot_standby")
 
     def _wake(self, deployment: DeploymentId, wl: _Workload, iid: str, now_ms: int) -> None:
         inst = self._tracked(deployment, iid)
@@ -539,7 +502,7 @@ class KubernetesBackend:
             inst.phase = Phase.SERVING
             self._report(iid, "warmed", now_ms, "hot standby: engine never slept")
         elif inst.phase is Phase.SLEEPING:
-            engine_wake(wl.cfg.engine, self._driver(wl, inst.pod))
+            self._driver(wl, inst.pod).warm_up()
             inst.phase = Phase.WARMING  # observe() reports warmed once the engine answers ready
 
     def _tracked(self, deployment: DeploymentId, iid: str) -> _Instance:
@@ -901,7 +864,7 @@ class KubernetesBackend:
         log.info("kubernetes.report", instance=iid, event_name=event, detail=detail)
 
     # -- engines ------------------------------------------------------------------------------------------
-    def _driver(self, wl: _Workload, pod_name: str) -> Any:
+    def _driver(self, wl: _Workload, pod_name: str) -> EngineDriver:
         key = (wl.cfg.deployment, pod_name)
         driver = self._drivers.get(key)
         if driver is None:
@@ -912,7 +875,7 @@ class KubernetesBackend:
             self._drivers[key] = driver
         return driver
 
-    def _snapshot(self, phase: Phase, need_ready: bool) -> list[tuple[DeploymentId, _Workload, str, Any]]:
+    def _snapshot(self, phase: Phase, need_ready: bool) -> list[tuple[DeploymentId, _Workload, str, EngineDriver]]:
         out = []
         with self._lock:
             for deployment, wl in self._workloads.items():
@@ -930,7 +893,7 @@ class KubernetesBackend:
         """Warming instances whose pod is Ready and whose engine answers ready -> ``warmed``."""
         for deployment, wl, iid, driver in self._snapshot(Phase.WARMING, need_ready=True):
             try:
-                ok = engine_ready(wl.cfg.engine, driver)
+                ok = driver.is_ready()
             except ControlPlaneError as exc:
                 log.info("kubernetes.engine_not_ready", instance=iid, error=str(exc))
                 continue
