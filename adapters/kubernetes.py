@@ -41,22 +41,37 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import structlog
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from urllib3.exceptions import HTTPError as Urllib3Error
 
 from adapters.backend import MAX_REPLICAS, FenceToken, InstanceCommand, ScaleCommand
 from adapters.engine_http import WarmPathUnavailable
-from adapters.engines import DriverAddress, EngineDriver, build_driver
-from adapters.engines import entry as engine_entry
-from adapters.model_cache import ModelCacheConfig, NodeCacheReader
+from adapters.engines import EngineDriver
+from adapters.kube_drain import Drainer, DrainReason, check_selector
+from adapters.kube_model import (
+    DELETION_COST,
+    FENCE_EPOCH,
+    FENCE_HOLDER,
+    INSTANCE_ID,
+    JOIN_TIMEOUT_S,
+    MAX_PENDING,
+    PENDING_INSTANCES,
+    VICTIM_COST,
+    WATCH_RETRY_CAP_MS,
+    DriverFactory,
+    KubernetesConfig,
+    PodInfo,
+    WorkloadConfig,
+    default_driver_factory,
+    pod_info,
+)
+from adapters.model_cache import NodeCacheReader
 from controlplane.core.backoff import backoff_ms
 from controlplane.domain.errors import (
     Conflict,
@@ -68,8 +83,7 @@ from controlplane.domain.errors import (
     Unavailable,
     ValidationError,
 )
-from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId, deployment_id_problem
-from controlplane.domain.engines import Engine
+from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId
 from controlplane.domain.observations import (
     InstanceReport,
     InstanceSample,
@@ -86,157 +100,6 @@ __all__ = [
 
 log = structlog.get_logger("adapters.kubernetes")
 
-FENCE_EPOCH = "controlplane.io/fence-epoch"
-FENCE_HOLDER = "controlplane.io/fence-holder"
-PENDING_INSTANCES = "controlplane.io/pending-instances"
-INSTANCE_ID = "controlplane.io/instance-id"
-DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
-VICTIM_COST = str(-(2**31))
-"""The lowest int32: the ReplicaSet controller deletes this pod before any other of equal rank."""
-
-MAX_PENDING = 256
-"""Most instance ids waiting for a pod per workload (the annotation must stay small)."""
-JOIN_TIMEOUT_S = 5.0
-"""Bound on joining a watch thread in :meth:`KubernetesBackend.close`."""
-WATCH_RETRY_CAP_MS = 5_000
-FAILED_WAITING_REASONS = frozenset({"CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull",
-                                    "CreateContainerConfigError", "InvalidImageName"})
-
-
-# -- configuration ------------------------------------------------------------------------------------
-class WorkloadConfig(BaseModel):
-    """One controlplane deployment served by one Kubernetes workload."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    deployment: str = Field(min_length=1, description="controlplane deployment id: '<tenant>/<name>' for one created "
-                            "through the API (names are per tenant), or a legacy / scenario id (one label)")
-    namespace: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-    kind: Literal["Deployment", "StatefulSet"]
-    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
-    engine: Engine
-    port: int = Field(ge=1, le=65535, description="engine HTTP port")
-    metrics_port: int | None = Field(default=None, ge=1, le=65535, description="Triton default 8002")
-    model: str | None = Field(default=None, min_length=1, description="Triton model / MII deployment name")
-    grpc_port: int = Field(default=50050, ge=1, le=65535, description="DeepSpeed-MII load-balancer port")
-
-    @field_validator("deployment")
-    @classmethod
-    def _deployment_id(cls, value: str) -> str:
-        problem = deployment_id_problem(value)
-        if problem:
-            raise ValueError(problem)
-        return value
-
-    @model_validator(mode="after")
-    def _engine_fields(self) -> WorkloadConfig:
-        e = engine_entry(self.engine)
-        if e.model_required and not self.model:
-            raise ValueError(f"model: required for engine {self.engine.value}")
-        if self.metrics_port is None and e.default_metrics_port is not None:
-            object.__setattr__(self, "metrics_port", e.default_metrics_port)
-        return self
-
-    def address(self, host: str, timeout_s: float) -> DriverAddress:
-        """Where this workload's engine listens in the pod at ``host``."""
-        return DriverAddress(base_url=f"http://{host}:{self.port}", timeout_s=timeout_s, model=self.model,
-                             metrics_url=None if self.metrics_port is None else f"http://{host}:{self.metrics_port}",
-                             grpc_address=f"{host}:{self.grpc_port}")
-
-
-class KubernetesConfig(BaseModel):
-    """The ``kubernetes:`` section of the adapter configuration."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    kubeconfig: Path | None = Field(default=None, description="kubeconfig path; None = in-cluster config")
-    context: str | None = None
-    workloads: list[WorkloadConfig] = Field(min_length=1)
-    conflict_retries: int = Field(default=5, ge=0, le=100)
-    conflict_backoff_ms: int = Field(default=50, ge=1, le=10_000)
-    conflict_backoff_cap_ms: int = Field(default=1_000, ge=1, le=60_000)
-    request_timeout_s: float = Field(default=10.0, gt=0, le=300)
-    watch_timeout_s: int = Field(default=60, ge=1, le=3600, description="server-side watch timeout")
-    engine_timeout_s: float = Field(default=2.0, gt=0, le=60)
-    model_cache: ModelCacheConfig | None = Field(
-        default=None, description="report the node-local model cache (adapters/model_cache.py); None: do not")
-
-    @model_validator(mode="after")
-    def _unique(self) -> KubernetesConfig:
-        ids = [w.deployment for w in self.workloads]
-        if len(set(ids)) != len(ids):
-            raise ValueError("workloads: deployment ids must be unique")
-        objects = [(w.namespace, w.kind, w.name) for w in self.workloads]
-        if len(set(objects)) != len(objects):
-            raise ValueError("workloads: two deployments map to the same Kubernetes object")
-        if self.conflict_backoff_ms > self.conflict_backoff_cap_ms:
-            raise ValueError("conflict_backoff_ms: must not exceed conflict_backoff_cap_ms")
-        return self
-
-
-# -- pods ---------------------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class PodInfo:
-    """What the backend needs of one pod, read from the API object."""
-
-    name: str
-    resource_version: str
-    ip: str | None
-    phase: str
-    ready: bool
-    waiting_reason: str | None
-    instance_id: str | None
-    deleting: bool
-    created: str
-    ordinal: int | None
-
-    @property
-    def failed(self) -> bool:
-        return self.phase == "Failed" or self.waiting_reason in FAILED_WAITING_REASONS
-
-    @property
-    def live(self) -> bool:
-        return not self.deleting and self.phase not in ("Failed", "Succeeded")
-
-
-def pod_info(pod: k8s.V1Pod, kind: str) -> PodInfo:
-    meta, status = pod.metadata, pod.status
-    annotations = (meta.annotations if meta else None) or {}
-    conditions = (status.conditions if status else None) or []
-    waiting = None
-    for cs in (status.container_statuses if status else None) or []:
-        if cs.state is not None and cs.state.waiting is not None and cs.state.waiting.reason:
-            waiting = cs.state.waiting.reason
-    name = meta.name or ""
-    ordinal = None
-    if kind == "StatefulSet" and name.rsplit("-", 1)[-1].isdigit():
-        ordinal = int(name.rsplit("-", 1)[-1])
-    return PodInfo(
-        name=name, resource_version=meta.resource_version or "", ip=status.pod_ip if status else None,
-        phase=(status.phase if status else None) or "Pending",
-        ready=any(c.type == "Ready" and c.status == "True" for c in conditions),
-        waiting_reason=waiting, instance_id=annotations.get(INSTANCE_ID) or None,
-        deleting=meta.deletion_timestamp is not None,
-        created=str(meta.creation_timestamp or ""), ordinal=ordinal,
-    )
-
-
-# -- engines ------------------------------------------------------------------------------------------
-DriverFactory = Callable[[WorkloadConfig, PodInfo], EngineDriver]
-"""Builds the engine driver (:class:`~adapters.engines.EngineDriver`) for one pod."""
-
-
-def default_driver_factory(timeout_s: float) -> DriverFactory:
-    """Drivers from the engine registry, addressed by pod IP and the workload's ports."""
-
-    def build(workload: WorkloadConfig, pod: PodInfo) -> EngineDriver:
-        if not pod.ip:
-            raise Unavailable(f"pod {pod.name} has no IP yet")
-        return build_driver(workload.engine, workload.address(pod.ip, timeout_s))
-
-    return build
-
-
 # -- instance tracking ----------------------------------------------------------------------------------
 class Phase(enum.Enum):
     WARMING = "warming"
@@ -244,6 +107,8 @@ class Phase(enum.Enum):
     SLEEPING = "sleeping"
     HOT_STANDBY = "hot_standby"
     """Asked to sleep, but the engine has no warm path: kept loaded (the pod keeps its GPUs anyway)."""
+    DRAINING = "draining"
+    """Unrouted, waiting for its requests or its deadline (``adapters/kube_drain.py``)."""
     REMOVING = "removing"
     GONE = "gone"
 
@@ -362,6 +227,7 @@ class KubernetesBackend:
         self._reports: list[InstanceReport] = []
         self._warm_path_logged: set[str] = set()
         self._stats = Statistics()
+        self._drainer = Drainer(self._core, config.request_timeout_s, self._fenced_write, _translate)
         self._cache = None if config.model_cache is None else NodeCacheReader(
             self._core, config.model_cache, clock_ms, config.request_timeout_s)
 
@@ -388,6 +254,7 @@ class KubernetesBackend:
                 wl.selector = scale.status.selector or ""
                 if not wl.selector:
                     raise ValidationError(f"workloads[{wl.cfg.deployment}]", "the workload's Scale has no selector")
+                check_selector(wl.cfg.deployment, wl.selector)
                 rv = self._relist(deployment, wl)
                 wl.thread = threading.Thread(target=self._watch_loop, args=(deployment, wl, rv),
                                              name=f"kube-watch-{wl.cfg.name}", daemon=True)
@@ -421,13 +288,17 @@ class KubernetesBackend:
         wl = self._workload(deployment)
         iid = command.instance.instance_id
         with self._lock:
+            self._drainer.saw_fence(deployment, command.fence)
             if command.action == "create":
                 self._create(deployment, wl, iid, command.fence)
             elif command.action == "sleep":
                 self._sleep(deployment, wl, iid)
             elif command.action == "wake":
                 self._wake(deployment, wl, iid, now_ms)
-            elif command.action in ("drain", "cancel", "terminate"):
+            elif command.action == "drain":
+                self._drain(deployment, wl, command, now_ms)
+            elif command.action in ("cancel", "terminate"):
+                self._drainer.forget(iid)
                 self._remove(deployment, wl, (iid,), None, command.fence)
             else:
                 raise ValidationError("action", f"unknown action {command.action!r}")
@@ -440,12 +311,16 @@ class KubernetesBackend:
         deployment = DeploymentId(command.deployment_id)
         wl = self._workload(deployment)
         with self._lock:
+            self._drainer.saw_fence(deployment, command.fence)
+            for victim in command.victims:
+                self._drainer.forget(victim)
             self._remove(deployment, wl, command.victims, command.replicas, command.fence)
 
     @_typed("observe")
     def observe(self, now_ms: int) -> Observations:
         self.start()
         self._confirm_warm(now_ms)
+        self._step_drains(now_ms)
         samples = self._samples(now_ms)
         with self._lock:
             reports, self._reports = tuple(self._reports), []
@@ -505,9 +380,81 @@ class KubernetesBackend:
             self._driver(wl, inst.pod).warm_up()
             inst.phase = Phase.WARMING  # observe() reports warmed once the engine answers ready
 
+    # -- drains (adapters/kube_drain.py) ----------------------------------------------------------
+    def _drain(self, deployment: DeploymentId, wl: _Workload, command: InstanceCommand, now_ms: int) -> None:
+        """Stop routing to the instance's pod now; :meth:`_step_drains` removes it later."""
+        iid = command.instance.instance_id
+        inst = self._instances[deployment].get(iid)
+        pod = wl.pods.get(inst.pod) if inst is not None else None
+        if inst is None or pod is None or inst.phase in (Phase.REMOVING, Phase.GONE):
+            self._remove(deployment, wl, (iid,), None, command.fence)  # a pending id (or gone): as a cancel
+            return
+        before = None
+        if wl.cfg.kind == "StatefulSet" and inst.phase is not Phase.DRAINING:
+            draining = [i.instance_id for i in self._instances[deployment].values() if i.phase is Phase.DRAINING]
+
+            def before(fenced: _Fenced) -> PodInfo:  # the instance onto the highest live ordinal first
+                top = fenced.replicas - len(draining) - 1
+                self._statefulset_victims(deployment, wl, [*draining, iid], _Fenced(
+                    fenced.resource_version, fenced.replicas, top, fenced.pending))
+                return wl.pods[inst.pod]
+
+        self._drainer.begin(wl, iid, pod, command.deadline_ms or now_ms, command.fence, now_ms, before)
+        inst.phase = Phase.DRAINING
+
+    def _step_drains(self, now_ms: int) -> None:
+        """One bounded look at each due drain (engine calls outside the lock), then remove the done."""
+        with self._lock:
+            looks = []
+            for d in self._drainer.due(now_ms):
+                wl = self._workloads[DeploymentId(d.deployment)]
+                pod = wl.pods.get(d.pod)
+                present = pod is not None and pod.live and not pod.failed and pod.uid in ("", d.pod_uid)
+                try:
+                    driver = self._driver(wl, d.pod) if present else None
+                except ControlPlaneError:
+                    driver = None
+                looks.append((d, wl, present, driver))
+        for d, wl, present, driver in looks:
+            reason = self._drainer.check(d, present, driver, now_ms)
+            if reason is None:
+                continue
+            with self._lock:
+                try:
+                    self._end_drain(d, wl, reason, now_ms)
+                except ControlPlaneError as exc:  # retried at the next observation
+                    log.warning("kubernetes.drain_remove_failed", instance=d.instance_id, error=str(exc))
+
+    def _end_drain(self, d: Any, wl: _Workload, reason: DrainReason, now_ms: int) -> None:
+        deployment = DeploymentId(d.deployment)
+        inst = self._instances[deployment].get(d.instance_id)
+        if inst is None or inst.phase is not Phase.DRAINING or d.instance_id not in self._drainer:
+            self._drainer.forget(d.instance_id)
+            return
+        fence = self._drainer.fence_of(d)
+        if fence is None:
+            return
+        if wl.cfg.kind == "StatefulSet":
+            pod = wl.pods.get(d.pod)
+            higher = [p.name for p in wl.pods.values() if p.live and pod is not None and pod.ordinal is not None
+                      and (p.ordinal or 0) > pod.ordinal]
+            if higher:
+                self._drainer.blocked(d, f"StatefulSet pods {sorted(higher)} sit above it: Kubernetes removes the "
+                                         "highest ordinal first")
+                return
+            self._remove(deployment, wl, (d.instance_id,), None, fence)
+        else:
+            self._drainer.delete_and_shrink(wl, d, fence)
+        inst.phase = Phase.REMOVING
+        self._drainer.done(d, reason, now_ms)
+        pod = wl.pods.get(inst.pod)
+        if pod is None or pod.uid not in ("", d.pod_uid):
+            self._finish(inst, "drained", now_ms, f"pod {inst.pod} drained ({reason.value})")
+            self._drivers.pop((deployment, inst.pod), None)
+
     def _tracked(self, deployment: DeploymentId, iid: str) -> _Instance:
         inst = self._instances[deployment].get(iid)
-        if inst is None or inst.phase in (Phase.GONE, Phase.REMOVING):
+        if inst is None or inst.phase in (Phase.GONE, Phase.REMOVING, Phase.DRAINING):
             raise NotFound("instance", iid)
         return inst
 
@@ -753,6 +700,8 @@ class KubernetesBackend:
             self._report(iid, "start_warmup", self._clock_ms(), f"pod {pod.name}")
         else:
             phase = Phase.SERVING if pod.ready else Phase.WARMING
+            if self._drainer.adopt(deployment, iid, pod, self._clock_ms()):
+                phase = Phase.DRAINING
             self._instances[deployment][iid] = _Instance(iid, pod.name, phase)
             log.info("kubernetes.adopted", deployment=deployment, instance=iid, pod=pod.name, phase=phase.value)
 
@@ -839,8 +788,8 @@ class KubernetesBackend:
             log.warning("kubernetes.bind_failed", workload=wl.cfg.name, error=str(exc))
 
     def _pod_to_report(self, deployment: DeploymentId, wl: _Workload, inst: _Instance, now_ms: int) -> None:
-        if inst.phase is Phase.GONE:
-            return
+        if inst.phase in (Phase.GONE, Phase.DRAINING):
+            return  # a draining pod that goes early is the drain's to report (_step_drains)
         pod = wl.pods.get(inst.pod)
         if pod is not None and pod.instance_id not in (None, inst.instance_id):
             return  # an ordinal swap is in flight; the pod's own event settles it
