@@ -82,6 +82,7 @@ class Drain:
     pod_deleted: bool = False
     """The delete was accepted (or the pod was gone): only the replicas are left to lower."""
     blocked_logged: bool = False
+    waiting_logged: bool = False
 
 
 def drain_reason(now_ms: int, deadline_ms: int, pod_present: bool,
@@ -199,7 +200,8 @@ class Drainer:
         seen = self._fences.get(drain.deployment)
         if drain.fence is None or (seen is not None and seen.epoch > drain.fence.epoch):
             drain.fence = seen
-        if drain.fence is None:
+        if drain.fence is None and not drain.waiting_logged:
+            drain.waiting_logged = True
             log.info("kubernetes.drain_waiting", instance=drain.instance_id, pod=drain.pod,
                      why="no fence token since the restart: waiting for a command for this deployment")
         return drain.fence

@@ -24,7 +24,11 @@ Why it looks the way it does (``docs/adapters-kubernetes.md`` has the tables):
   with :class:`OrdinalConflict`.
 * **Pods are watched, not polled**: one thread per workload lists once, then watches from the list's
   resourceVersion (re-listing on 410 Gone), keeps a pod cache and turns pod changes into lifecycle
-  reports. Engine readiness and samples come from the engine drivers in :meth:`observe`.
+  reports. Engine readiness and samples come from the engine drivers in :meth:`observe`, built
+  through the engine registry (:mod:`adapters.engines`) and used only through its protocol.
+* **A drain drains** (:mod:`adapters.kube_drain`): the pod leaves its Service at once (label
+  ``controlplane.io/serving=false``), and goes when its engine holds no request or at the deadline.
+  Configuration and the pod model live in :mod:`adapters.kube_model` (re-exported here).
 
 Every library error is translated at the boundary: 409 after ``conflict_retries`` ->
 :class:`~controlplane.domain.errors.Unavailable` naming the object; 404 -> ``NotFound``; other API
@@ -53,7 +57,7 @@ from urllib3.exceptions import HTTPError as Urllib3Error
 from adapters.backend import MAX_REPLICAS, FenceToken, InstanceCommand, ScaleCommand
 from adapters.engine_http import WarmPathUnavailable
 from adapters.engines import EngineDriver
-from adapters.kube_drain import Drainer, DrainReason, check_selector
+from adapters.kube_drain import Drain, Drainer, DrainReason, check_selector
 from adapters.kube_model import (
     DELETION_COST,
     FENCE_EPOCH,
@@ -425,7 +429,7 @@ class KubernetesBackend:
                 except ControlPlaneError as exc:  # retried at the next observation
                     log.warning("kubernetes.drain_remove_failed", instance=d.instance_id, error=str(exc))
 
-    def _end_drain(self, d: Any, wl: _Workload, reason: DrainReason, now_ms: int) -> None:
+    def _end_drain(self, d: Drain, wl: _Workload, reason: DrainReason, now_ms: int) -> None:
         deployment = DeploymentId(d.deployment)
         inst = self._instances[deployment].get(d.instance_id)
         if inst is None or inst.phase is not Phase.DRAINING or d.instance_id not in self._drainer:
