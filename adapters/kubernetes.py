@@ -546,8 +546,9 @@ class KubernetesBackend:
         victim.pod, partner.pod = high.name, low.name
         for pod, iid in ((high, victim.instance_id), (low, partner.instance_id)):
             body = {"metadata": {"resourceVersion": pod.resource_version, "annotations": {INSTANCE_ID: iid}}}
-            self._call(wl, f"swap instance id on pod {pod.name}", self._core.patch_namespaced_pod, pod.name,
-                       wl.cfg.namespace, body, _request_timeout=self.config.request_timeout_s)
+            patched = self._call(wl, f"swap instance id on pod {pod.name}", self._core.patch_namespaced_pod, pod.name,
+                                 wl.cfg.namespace, body, _request_timeout=self.config.request_timeout_s)
+            wl.pods[pod.name] = pod_info(patched, wl.cfg.kind)  # the cache must not lag a second command
         self._stats.swaps += 1
         log.info("kubernetes.ordinal_swap", deployment=deployment, victim=victim.instance_id, to_pod=high.name,
                  partner=partner.instance_id, partner_pod=low.name)

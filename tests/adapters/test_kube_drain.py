@@ -192,3 +192,39 @@ def test_a_workload_selecting_on_the_serving_label_is_refused(env: Env) -> None:
             backend.start()
     finally:
         backend.close()
+
+
+def test_a_terminate_overtakes_a_drain(env: Env) -> None:
+    backend, reports, victim = two_serving(env)
+    env.farm.servers[victim].running = 4
+    backend.apply(drain("i-1", now_ms() + 60_000), now_ms())
+    backend.apply(InstanceCommand(request_id="t-1", action="terminate",
+                                  instance=InstanceSpec(instance_id="i-1", deployment_id=DEP),
+                                  fence=FenceToken(epoch=1, seq=2, holder="coord-a")), now_ms())
+    reports.wait_for("i-1", "drained")
+    assert victim not in env.fake.pod_names(NS) and env.workload()["spec"]["replicas"] == 1
+
+
+def test_statefulset_drains_wait_for_requests_and_go_highest_ordinal_first(env: Env) -> None:
+    env.fake.add_workload("StatefulSet", NS, "db", template_labels={SERVING_LABEL: "true"})
+    backend = env.backend("StatefulSet", "db")
+    reports = Reports(backend)
+    serving(env, backend, reports, "i-0", "i-1", "i-2")
+    deadline = now_ms() + 60_000
+    backend.apply(drain("i-0", deadline), now_ms())  # swapped onto db-2
+    backend.apply(drain("i-1", deadline), now_ms())  # swapped onto db-1 (already there)
+    assert env.pod_of("i-0") == "db-2" and env.pod_of("i-1") == "db-1" and env.pod_of("i-2") == "db-0"
+    service = {"app": "db", SERVING_LABEL: "true"}
+    assert env.fake.endpoints(NS, service) == ["db-0"]
+    env.farm.servers["db-2"].running = 1  # i-0 (top) still busy, i-1 idle: i-1 must wait for it
+    with capture_logs() as logs:
+        for _ in range(2):
+            poll_at(reports, now_ms())
+    assert env.fake.pod_names(NS) == ["db-0", "db-1", "db-2"]
+    assert any(e["event"] == "kubernetes.drain_blocked" for e in logs)
+    env.farm.servers["db-2"].running = 0
+    wait_until(lambda: poll_at(reports, now_ms()) or env.fake.pod_names(NS) == ["db-0"])
+    reports.wait_for("i-0", "drained")
+    reports.wait_for("i-1", "drained")
+    assert env.workload("StatefulSet", "db")["spec"]["replicas"] == 1 and env.pod_of("i-2") == "db-0"
+    assert ("i-2", "lost") not in reports.seen
