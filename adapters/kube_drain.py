@@ -20,9 +20,10 @@ them at ``deadline_ms``, then remove) runs in three steps:
    gauges) or an engine error -> wait for the deadline. A pod gone or terminating early (someone
    else deleted it, the node died) -> done (``pod_gone``).
 3. **Remove.** Deployment: the pod is deleted with a ``preconditions.uid`` (only the pod that was
-   drained, never a namesake), after a fence write, then replicas go down by one (a second fenced
-   write, so the ReplicaSet does not keep the replacement it may have started); a pod gone already
-   skips the delete. StatefulSet: the drain started by moving the instance onto the highest ordinal
+   drained, never a namesake), after a fence write, then replicas go down by one so the ReplicaSet
+   does not keep the replacement it may have started: one conditional patch of the workload writes
+   the fence, ``spec.replicas`` and the id into ``controlplane.io/drained-instances`` together, so a
+   retry never lowers replicas twice for one drain; a pod gone already skips the delete. StatefulSet: the drain started by moving the instance onto the highest ordinal
    (the ordinal swap of ``docs/adapters-kubernetes.md``), and ends by lowering replicas by one when
    its pod is the highest live ordinal (a drain lower down waits for the ones above it). ``drained``
    is reported once the pod is gone.
@@ -39,6 +40,7 @@ drain, using the fence of the next command it receives for that deployment.
 from __future__ import annotations
 
 import enum
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -50,7 +52,16 @@ from urllib3.exceptions import HTTPError as Urllib3Error
 
 from adapters.backend import FenceToken
 from adapters.engines import EngineDriver
-from adapters.kube_model import DRAIN_DEADLINE, SERVING_LABEL, PodInfo
+from adapters.kube_model import (
+    DRAIN_DEADLINE,
+    DRAINED_INSTANCES,
+    FENCE_EPOCH,
+    FENCE_HOLDER,
+    MAX_DRAINED,
+    SERVING_LABEL,
+    PodInfo,
+    parse_pending,
+)
 from controlplane.domain.errors import ControlPlaneError, Unavailable, ValidationError
 
 __all__ = ["MAX_CHECKS_PER_OBSERVE", "Drain", "DrainReason", "Drainer", "check_selector", "drain_reason"]
@@ -112,11 +123,19 @@ class Drainer:
     """The drains of one backend. Called with the backend's lock held, except :meth:`check`, which
     makes the engine call and must not hold it."""
 
-    def __init__(self, core: k8s.CoreV1Api, request_timeout_s: float, fenced_write: FencedWrite,
+    def __init__(self, core: k8s.CoreV1Api, apps: k8s.AppsV1Api, request_timeout_s: float, conflict_retries: int,
+                 fenced_write: FencedWrite, read: Callable[[Any], Any], check_fence: Callable[[Any, dict[str, str],
+                                                                                                FenceToken], None],
                  translate: Translate) -> None:
+        """``read(wl)`` reads the workload object; ``check_fence(wl, annotations, fence)`` raises
+        ``StaleEpoch``; both are the backend's own."""
         self._core = core
+        self._apps = apps
         self._timeout_s = request_timeout_s
+        self._retries = conflict_retries
         self._fenced_write = fenced_write
+        self._read = read
+        self._check_fence = check_fence
         self._translate = translate
         self._drains: dict[str, Drain] = {}
         self._fences: dict[str, FenceToken] = {}
@@ -208,12 +227,42 @@ class Drainer:
 
     def delete_and_shrink(self, wl: Any, drain: Drain, fence: FenceToken) -> None:
         """Deployment: delete the drained pod (uid precondition) after a fence write, then lower
-        replicas by one (second fenced write). Safe to repeat after a failure in between."""
+        replicas by one. Safe to repeat after a failure anywhere (see :meth:`_shrink`)."""
         if not drain.pod_deleted:
             self._fenced_write(wl, fence, lambda pending: pending, lambda current, old, new: None,
                                lambda fenced: self._delete(wl, drain))
             drain.pod_deleted = True
-        self._fenced_write(wl, fence, lambda pending: pending, lambda current, old, new: max(0, current - 1))
+        self._shrink(wl, drain, fence)
+
+    def _shrink(self, wl: Any, drain: Drain, fence: FenceToken) -> None:
+        """One conditional merge patch of the workload (``metadata.resourceVersion`` precondition)
+        writing the fence, ``spec.replicas - 1`` and the instance id into ``drained-instances``
+        together: a retry after a lost answer finds the id and does nothing, so replicas never go
+        down twice for one drain; a newer fence written meanwhile makes it 409 and re-read."""
+        patch = self._apps.patch_namespaced_deployment
+        for _ in range(self._retries + 1):
+            obj = self._read(wl)
+            annotations = obj.metadata.annotations or {}
+            self._check_fence(wl, annotations, fence)
+            done = parse_pending(annotations.get(DRAINED_INSTANCES))
+            if drain.instance_id in done:
+                return
+            current = int(obj.spec.replicas if obj.spec.replicas is not None else 1)
+            body = {"metadata": {"resourceVersion": obj.metadata.resource_version, "annotations": {
+                FENCE_EPOCH: str(fence.epoch), FENCE_HOLDER: fence.holder,
+                DRAINED_INSTANCES: json.dumps([*done, drain.instance_id][-MAX_DRAINED:], separators=(",", ":"))}},
+                "spec": {"replicas": max(0, current - 1)}}
+            try:
+                patch(wl.cfg.name, wl.cfg.namespace, body, _content_type="application/merge-patch+json",
+                      _request_timeout=self._timeout_s)
+                return
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise self._translate(exc, wl, f"shrink after drain of {drain.instance_id}") from exc
+            except (Urllib3Error, OSError) as exc:
+                raise Unavailable(f"Kubernetes API unreachable (shrink {wl.cfg.name}): {exc}") from exc
+        raise Unavailable(f"{wl.cfg.kind} {wl.cfg.namespace}/{wl.cfg.name}: still conflicting (409) lowering "
+                          f"replicas after the drain of {drain.instance_id}")
 
     def blocked(self, drain: Drain, why: str) -> None:
         if not drain.blocked_logged:

@@ -6,11 +6,13 @@ its drains (:mod:`adapters.kube_drain`) share one definition.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import structlog
 from kubernetes import client as k8s
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -21,6 +23,8 @@ from controlplane.domain.engines import Engine
 from controlplane.domain.errors import Unavailable
 from controlplane.domain.ids import deployment_id_problem
 
+log = structlog.get_logger("adapters.kubernetes")
+
 FENCE_EPOCH = "controlplane.io/fence-epoch"
 FENCE_HOLDER = "controlplane.io/fence-holder"
 PENDING_INSTANCES = "controlplane.io/pending-instances"
@@ -29,6 +33,10 @@ DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 SERVING_LABEL = "controlplane.io/serving"
 """Pod label the engine's Service selects on (``"true"``); a drain sets it to ``"false"`` so the
 EndpointSlice controller stops routing to the pod. Never part of the workload's own selector."""
+DRAINED_INSTANCES = "controlplane.io/drained-instances"
+"""Workload annotation: the last :data:`MAX_DRAINED` drained instance ids whose replica the adapter
+removed, written in the same conditional patch as ``spec.replicas``: a repeated shrink is a no-op."""
+MAX_DRAINED = 64
 DRAIN_DEADLINE = "controlplane.io/drain-deadline-ms"
 """Pod annotation: the drain's deadline (wall-clock ms), so a restarted adapter resumes the drain."""
 VICTIM_COST = str(-(2**31))
@@ -190,3 +198,15 @@ def default_driver_factory(timeout_s: float) -> DriverFactory:
         return build_driver(workload.engine, workload.address(pod.ip, timeout_s))
 
     return build
+
+
+def parse_pending(text: str | None) -> tuple[str, ...]:
+    """A JSON-list-of-ids annotation (pending instances, drained instances); anything unreadable counts as empty."""
+    if not text:
+        return ()
+    try:
+        value = json.loads(text)
+    except ValueError:
+        log.warning("kubernetes.pending_unreadable", value=text[:200])
+        return ()
+    return tuple(str(v) for v in value) if isinstance(value, list) else ()

@@ -73,6 +73,7 @@ from adapters.kube_model import (
     PodInfo,
     WorkloadConfig,
     default_driver_factory,
+    parse_pending,
     pod_info,
 )
 from adapters.model_cache import NodeCacheReader
@@ -231,7 +232,9 @@ class KubernetesBackend:
         self._reports: list[InstanceReport] = []
         self._warm_path_logged: set[str] = set()
         self._stats = Statistics()
-        self._drainer = Drainer(self._core, config.request_timeout_s, self._fenced_write, _translate)
+        self._drainer = Drainer(self._core, self._apps, config.request_timeout_s, config.conflict_retries,
+                                self._fenced_write, lambda wl: self._call(wl, "read", self._read_workload, wl.cfg),
+                                self._check_fence, _translate)
         self._cache = None if config.model_cache is None else NodeCacheReader(
             self._core, config.model_cache, clock_ms, config.request_timeout_s)
 
@@ -881,18 +884,6 @@ class KubernetesBackend:
 def _unhealthy(iid: str, deployment: DeploymentId, now_ms: int) -> InstanceSample:
     return InstanceSample(InstanceId(iid), deployment, now_ms, running=0, waiting=0, kv_usage=0.0,
                           prompt_tokens_per_s=0.0, generation_tokens_per_s=0.0, healthy=False)
-
-
-def parse_pending(text: str | None) -> tuple[str, ...]:
-    """The pending-instances annotation (a JSON list of ids); anything unreadable counts as empty."""
-    if not text:
-        return ()
-    try:
-        value = json.loads(text)
-    except ValueError:
-        log.warning("kubernetes.pending_unreadable", value=text[:200])
-        return ()
-    return tuple(str(v) for v in value) if isinstance(value, list) else ()
 
 
 def _translate(exc: ApiException, wl: _Workload, what: str) -> ControlPlaneError:

@@ -5,6 +5,7 @@ once its requests finished or its deadline passed, an early deletion by someone 
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -14,7 +15,7 @@ from structlog.testing import capture_logs
 
 from adapters.backend import FenceToken, InstanceCommand, InstanceSpec
 from adapters.kube_drain import DrainReason, drain_reason
-from adapters.kube_model import DRAIN_DEADLINE, SERVING_LABEL
+from adapters.kube_model import DRAIN_DEADLINE, DRAINED_INSTANCES, SERVING_LABEL
 from adapters.kubernetes import KubernetesBackend, KubernetesConfig, WorkloadConfig
 from controlplane.domain.errors import StaleEpoch, ValidationError
 from tests.adapters.test_kubernetes import DEP, NS, EngineFarm, Env, Reports, env, serving  # noqa: F401
@@ -228,3 +229,19 @@ def test_statefulset_drains_wait_for_requests_and_go_highest_ordinal_first(env: 
     reports.wait_for("i-1", "drained")
     assert env.workload("StatefulSet", "db")["spec"]["replicas"] == 1 and env.pod_of("i-2") == "db-0"
     assert ("i-2", "lost") not in reports.seen
+
+
+def test_the_shrink_after_a_drain_is_written_once_even_when_repeated(env: Env) -> None:
+    """A retry after a lost answer repeats the shrink: the drained id in the same conditional patch
+    as spec.replicas makes the repeat a no-op (replicas never go down twice for one drain)."""
+    backend, reports, victim = two_serving(env)
+    deadline = now_ms() + 60_000
+    backend.apply(drain("i-1", deadline), now_ms())
+    drained = backend._drainer.get("i-1")
+    assert drained is not None
+    poll_at(reports, deadline)
+    assert env.workload()["spec"]["replicas"] == 1
+    assert json.loads(env.workload()["metadata"]["annotations"][DRAINED_INSTANCES]) == ["i-1"]
+    wl = backend._workloads[DEP]
+    backend._drainer._shrink(wl, drained, drained.fence)  # the retry
+    assert env.workload()["spec"]["replicas"] == 1
