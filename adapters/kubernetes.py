@@ -429,8 +429,9 @@ class KubernetesBackend:
             with self._lock:
                 try:
                     self._end_drain(d, wl, reason, now_ms)
-                except ControlPlaneError as exc:  # retried at the next observation
-                    log.warning("kubernetes.drain_remove_failed", instance=d.instance_id, error=str(exc))
+                except (ControlPlaneError, *_MALFORMED) as exc:  # retried at the next observation
+                    log.warning("kubernetes.drain_remove_failed", instance=d.instance_id,
+                                error=f"{type(exc).__name__}: {exc}")
 
     def _end_drain(self, d: Drain, wl: _Workload, reason: DrainReason, now_ms: int) -> None:
         deployment = DeploymentId(d.deployment)

@@ -245,3 +245,17 @@ def test_the_shrink_after_a_drain_is_written_once_even_when_repeated(env: Env) -
     wl = backend._workloads[DEP]
     backend._drainer._shrink(wl, drained, drained.fence)  # the retry
     assert env.workload()["spec"]["replicas"] == 1
+
+
+def test_a_failed_removal_keeps_observing_and_is_retried(env: Env) -> None:
+    backend, reports, victim = two_serving(env)
+    deadline = now_ms() + 60_000
+    backend.apply(drain("i-1", deadline), now_ms())
+    env.fake.fail_next(500, method="DELETE", path_contains=f"/pods/{victim}")
+    with capture_logs() as logs:
+        poll_at(reports, deadline)  # the delete fails: observe still answers
+    assert any(e["event"] == "kubernetes.drain_remove_failed" for e in logs)
+    assert victim in env.fake.pod_names(NS) and env.workload()["spec"]["replicas"] == 2
+    poll_at(reports, deadline + 1)
+    assert victim not in env.fake.pod_names(NS) and env.workload()["spec"]["replicas"] == 1
+    reports.wait_for("i-1", "drained")
