@@ -233,6 +233,21 @@ class MiiDriver:
                     "unexpected": s.unexpected, "last_error": s.last_error, "last_probe_ms": s.last_probe_ms,
                     "metrics_endpoint": False, "missing": list(MISSING_FIELDS), "ttft_source": "probe_latency"}
 
+    # -- EngineDriver (adapters/engines.py) -----------------------------------------------------
+    def is_ready(self) -> bool:
+        return self.ready()
+
+    def in_flight(self) -> int | None:
+        """None: MII exports no request counts (its load is metered where the requests pass)."""
+        return None
+
+    def warm_down(self) -> None:
+        raise ValidationError("action", "engine deepspeed-mii has no sleep mode (its only warm path is a restart "
+                                        "from the node's model cache); drain the instance instead")
+
+    def warm_up(self) -> None:
+        raise ValidationError("action", "engine deepspeed-mii has no sleep mode, so nothing to wake")
+
 
 def _text(body: bytes) -> str:
     """One line for an error body: the ``<title>`` of Flask's HTML error page, else the collapsed text."""

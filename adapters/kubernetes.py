@@ -24,7 +24,11 @@ Why it looks the way it does (``docs/adapters-kubernetes.md`` has the tables):
   with :class:`OrdinalConflict`.
 * **Pods are watched, not polled**: one thread per workload lists once, then watches from the list's
   resourceVersion (re-listing on 410 Gone), keeps a pod cache and turns pod changes into lifecycle
-  reports. Engine readiness and samples come from the engine drivers in :meth:`observe`.
+  reports. Engine readiness and samples come from the engine drivers in :meth:`observe`, built
+  through the engine registry (:mod:`adapters.engines`) and used only through its protocol.
+* **A drain drains** (:mod:`adapters.kube_drain`): the pod leaves its Service at once (label
+  ``controlplane.io/serving=false``), and goes when its engine holds no request or at the deadline.
+  Configuration and the pod model live in :mod:`adapters.kube_model` (re-exported here).
 
 Every library error is translated at the boundary: 409 after ``conflict_retries`` ->
 :class:`~controlplane.domain.errors.Unavailable` naming the object; 404 -> ``NotFound``; other API
@@ -41,24 +45,39 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any
 
 import structlog
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from urllib3.exceptions import HTTPError as Urllib3Error
 
 from adapters.backend import MAX_REPLICAS, FenceToken, InstanceCommand, ScaleCommand
-from adapters.deepspeed_mii import MiiDriver
 from adapters.engine_http import WarmPathUnavailable
 from adapters import gpu_report
-from adapters.model_cache import ModelCacheConfig, NodeCacheReader
-from adapters.triton import TritonDriver
-from adapters.vllm import VllmDriver
+from adapters.engines import EngineDriver
+from adapters.kube_drain import Drain, Drainer, DrainReason, check_selector
+from adapters.kube_model import (
+    DELETION_COST,
+    FENCE_EPOCH,
+    FENCE_HOLDER,
+    INSTANCE_ID,
+    JOIN_TIMEOUT_S,
+    MAX_PENDING,
+    PENDING_INSTANCES,
+    VICTIM_COST,
+    WATCH_RETRY_CAP_MS,
+    DriverFactory,
+    KubernetesConfig,
+    PodInfo,
+    WorkloadConfig,
+    default_driver_factory,
+    parse_pending,
+    pod_info,
+)
+from adapters.model_cache import NodeCacheReader
 from controlplane.core.backoff import backoff_ms
 from controlplane.domain.errors import (
     Conflict,
@@ -70,8 +89,7 @@ from controlplane.domain.errors import (
     Unavailable,
     ValidationError,
 )
-from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId, deployment_id_problem
-from controlplane.domain.start_tiers import VLLM_SLEEP_LEVEL
+from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId
 from controlplane.domain.observations import (
     InstanceReport,
     InstanceSample,
@@ -88,195 +106,6 @@ __all__ = [
 
 log = structlog.get_logger("adapters.kubernetes")
 
-FENCE_EPOCH = "controlplane.io/fence-epoch"
-FENCE_HOLDER = "controlplane.io/fence-holder"
-PENDING_INSTANCES = "controlplane.io/pending-instances"
-INSTANCE_ID = "controlplane.io/instance-id"
-DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
-VICTIM_COST = str(-(2**31))
-"""The lowest int32: the ReplicaSet controller deletes this pod before any other of equal rank."""
-
-MAX_PENDING = 256
-"""Most instance ids waiting for a pod per workload (the annotation must stay small)."""
-JOIN_TIMEOUT_S = 5.0
-"""Bound on joining a watch thread in :meth:`KubernetesBackend.close`."""
-WATCH_RETRY_CAP_MS = 5_000
-FAILED_WAITING_REASONS = frozenset({"CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull",
-                                    "CreateContainerConfigError", "InvalidImageName"})
-
-
-# -- configuration ------------------------------------------------------------------------------------
-class WorkloadConfig(BaseModel):
-    """One controlplane deployment served by one Kubernetes workload."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    deployment: str = Field(min_length=1, description="controlplane deployment id: '<tenant>/<name>' for one created "
-                            "through the API (names are per tenant), or a legacy / scenario id (one label)")
-    namespace: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-    kind: Literal["Deployment", "StatefulSet"]
-    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
-    engine: Literal["vllm", "triton", "deepspeed-mii"]
-    port: int = Field(ge=1, le=65535, description="engine HTTP port")
-    metrics_port: int | None = Field(default=None, ge=1, le=65535, description="Triton default 8002")
-    model: str | None = Field(default=None, min_length=1, description="Triton model / MII deployment name")
-    grpc_port: int = Field(default=50050, ge=1, le=65535, description="DeepSpeed-MII load-balancer port")
-
-    @field_validator("deployment")
-    @classmethod
-    def _deployment_id(cls, value: str) -> str:
-        problem = deployment_id_problem(value)
-        if problem:
-            raise ValueError(problem)
-        return value
-
-    @model_validator(mode="after")
-    def _engine_fields(self) -> WorkloadConfig:
-        if self.engine in ("triton", "deepspeed-mii") and not self.model:
-            raise ValueError(f"model: required for engine {self.engine}")
-        if self.engine == "triton" and self.metrics_port is None:
-            object.__setattr__(self, "metrics_port", 8002)
-        return self
-
-
-class KubernetesConfig(BaseModel):
-    """The ``kubernetes:`` section of the adapter configuration."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    kubeconfig: Path | None = Field(default=None, description="kubeconfig path; None = in-cluster config")
-    context: str | None = None
-    workloads: list[WorkloadConfig] = Field(min_length=1)
-    conflict_retries: int = Field(default=5, ge=0, le=100)
-    conflict_backoff_ms: int = Field(default=50, ge=1, le=10_000)
-    conflict_backoff_cap_ms: int = Field(default=1_000, ge=1, le=60_000)
-    request_timeout_s: float = Field(default=10.0, gt=0, le=300)
-    watch_timeout_s: int = Field(default=60, ge=1, le=3600, description="server-side watch timeout")
-    engine_timeout_s: float = Field(default=2.0, gt=0, le=60)
-    model_cache: ModelCacheConfig | None = Field(
-        default=None, description="report the node-local model cache (adapters/model_cache.py); None: do not")
-    gpu_memory: gpu_report.GpuReportConfig | None = Field(
-        default=None, description="report the gpu-agent nodes' GPU memory (adapters/gpu_report.py); None: do not")
-
-    @model_validator(mode="after")
-    def _unique(self) -> KubernetesConfig:
-        ids = [w.deployment for w in self.workloads]
-        if len(set(ids)) != len(ids):
-            raise ValueError("workloads: deployment ids must be unique")
-        objects = [(w.namespace, w.kind, w.name) for w in self.workloads]
-        if len(set(objects)) != len(objects):
-            raise ValueError("workloads: two deployments map to the same Kubernetes object")
-        if self.conflict_backoff_ms > self.conflict_backoff_cap_ms:
-            raise ValueError("conflict_backoff_ms: must not exceed conflict_backoff_cap_ms")
-        return self
-
-
-# -- pods ---------------------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class PodInfo:
-    """What the backend needs of one pod, read from the API object."""
-
-    name: str
-    resource_version: str
-    ip: str | None
-    phase: str
-    ready: bool
-    waiting_reason: str | None
-    instance_id: str | None
-    deleting: bool
-    created: str
-    ordinal: int | None
-
-    @property
-    def failed(self) -> bool:
-        return self.phase == "Failed" or self.waiting_reason in FAILED_WAITING_REASONS
-
-    @property
-    def live(self) -> bool:
-        return not self.deleting and self.phase not in ("Failed", "Succeeded")
-
-
-def pod_info(pod: k8s.V1Pod, kind: str) -> PodInfo:
-    meta, status = pod.metadata, pod.status
-    annotations = (meta.annotations if meta else None) or {}
-    conditions = (status.conditions if status else None) or []
-    waiting = None
-    for cs in (status.container_statuses if status else None) or []:
-        if cs.state is not None and cs.state.waiting is not None and cs.state.waiting.reason:
-            waiting = cs.state.waiting.reason
-    name = meta.name or ""
-    ordinal = None
-    if kind == "StatefulSet" and name.rsplit("-", 1)[-1].isdigit():
-        ordinal = int(name.rsplit("-", 1)[-1])
-    return PodInfo(
-        name=name, resource_version=meta.resource_version or "", ip=status.pod_ip if status else None,
-        phase=(status.phase if status else None) or "Pending",
-        ready=any(c.type == "Ready" and c.status == "True" for c in conditions),
-        waiting_reason=waiting, instance_id=annotations.get(INSTANCE_ID) or None,
-        deleting=meta.deletion_timestamp is not None,
-        created=str(meta.creation_timestamp or ""), ordinal=ordinal,
-    )
-
-
-# -- engines ------------------------------------------------------------------------------------------
-class Driver(Protocol):
-    def sample(self, instance_id: InstanceId, deployment: DeploymentId, now_ms: int) -> InstanceSample: ...
-
-
-DriverFactory = Callable[[WorkloadConfig, PodInfo], Any]
-"""Builds the engine driver (VllmDriver / TritonDriver / MiiDriver) for one pod."""
-
-
-def default_driver_factory(timeout_s: float) -> DriverFactory:
-    """Drivers addressed by pod IP and the configured ports."""
-
-    def build(workload: WorkloadConfig, pod: PodInfo) -> Any:
-        if not pod.ip:
-            raise Unavailable(f"pod {pod.name} has no IP yet")
-        base = f"http://{pod.ip}:{workload.port}"
-        if workload.engine == "vllm":
-            return VllmDriver(base, timeout_s)
-        if workload.engine == "triton":
-            assert workload.model is not None and workload.metrics_port is not None  # config validator
-            return TritonDriver(base, f"http://{pod.ip}:{workload.metrics_port}", workload.model, timeout_s)
-        return MiiDriver(f"{base}/mii/{workload.model}", f"{pod.ip}:{workload.grpc_port}", timeout_s)
-
-    return build
-
-
-def engine_ready(engine: str, driver: Any) -> bool:
-    if engine == "vllm":
-        return bool(driver.health())
-    if engine == "triton":
-        return bool(driver.model_ready())
-    return bool(driver.ready())
-
-
-def engine_sleep(engine: str, driver: Any, level: int = VLLM_SLEEP_LEVEL) -> None:
-    """The warm path down: vLLM ``POST /sleep?level=<level>`` (the product's
-    ``start_tiers.VLLM_SLEEP_LEVEL``), Triton an explicit model unload. Raises
-    :class:`WarmPathUnavailable` when the server refuses it (vLLM without dev mode), and
-    :class:`ValidationError` for DeepSpeed-MII, which has no sleep at all (the coordinators never
-    ask: their state refuses to put one to sleep)."""
-    if engine == "vllm":
-        driver.sleep(level=level, mode="wait")
-    elif engine == "triton":
-        driver.unload_model()
-    else:
-        raise ValidationError("action", f"engine {engine} has no sleep mode (its only warm path is a restart "
-                                        "from the node's model cache); drain the instance instead")
-
-
-def engine_wake(engine: str, driver: Any) -> None:
-    """vLLM ``POST /wake_up``, Triton an explicit model load; DeepSpeed-MII: see :func:`engine_sleep`."""
-    if engine == "vllm":
-        driver.wake_up()
-    elif engine == "triton":
-        driver.load_model()
-    else:
-        raise ValidationError("action", f"engine {engine} has no sleep mode, so nothing to wake")
-
-
 # -- instance tracking ----------------------------------------------------------------------------------
 class Phase(enum.Enum):
     WARMING = "warming"
@@ -284,6 +113,8 @@ class Phase(enum.Enum):
     SLEEPING = "sleeping"
     HOT_STANDBY = "hot_standby"
     """Asked to sleep, but the engine has no warm path: kept loaded (the pod keeps its GPUs anyway)."""
+    DRAINING = "draining"
+    """Unrouted, waiting for its requests or its deadline (``adapters/kube_drain.py``)."""
     REMOVING = "removing"
     GONE = "gone"
 
@@ -398,10 +229,13 @@ class KubernetesBackend:
         self._started = False
         self._workloads = {DeploymentId(w.deployment): _Workload(w) for w in config.workloads}
         self._instances: dict[str, dict[str, _Instance]] = {d: {} for d in self._workloads}
-        self._drivers: dict[tuple[str, str], Any] = {}
+        self._drivers: dict[tuple[str, str], EngineDriver] = {}
         self._reports: list[InstanceReport] = []
         self._warm_path_logged: set[str] = set()
         self._stats = Statistics()
+        self._drainer = Drainer(self._core, self._apps, config.request_timeout_s, config.conflict_retries,
+                                self._fenced_write, lambda wl: self._call(wl, "read", self._read_workload, wl.cfg),
+                                self._check_fence, _translate)
         self._cache = None if config.model_cache is None else NodeCacheReader(
             self._core, config.model_cache, clock_ms, config.request_timeout_s)
         self._gpu = None if config.gpu_memory is None else gpu_report.NodeGpuReader(
@@ -430,6 +264,7 @@ class KubernetesBackend:
                 wl.selector = scale.status.selector or ""
                 if not wl.selector:
                     raise ValidationError(f"workloads[{wl.cfg.deployment}]", "the workload's Scale has no selector")
+                check_selector(wl.cfg.deployment, wl.selector)
                 rv = self._relist(deployment, wl)
                 wl.thread = threading.Thread(target=self._watch_loop, args=(deployment, wl, rv),
                                              name=f"kube-watch-{wl.cfg.name}", daemon=True)
@@ -463,13 +298,17 @@ class KubernetesBackend:
         wl = self._workload(deployment)
         iid = command.instance.instance_id
         with self._lock:
+            self._drainer.saw_fence(deployment, command.fence)
             if command.action == "create":
                 self._create(deployment, wl, iid, command.fence)
             elif command.action == "sleep":
                 self._sleep(deployment, wl, iid)
             elif command.action == "wake":
                 self._wake(deployment, wl, iid, now_ms)
-            elif command.action in ("drain", "cancel", "terminate"):
+            elif command.action == "drain":
+                self._drain(deployment, wl, command, now_ms)
+            elif command.action in ("cancel", "terminate"):
+                self._drainer.forget(iid)
                 self._remove(deployment, wl, (iid,), None, command.fence)
             else:
                 raise ValidationError("action", f"unknown action {command.action!r}")
@@ -482,12 +321,16 @@ class KubernetesBackend:
         deployment = DeploymentId(command.deployment_id)
         wl = self._workload(deployment)
         with self._lock:
+            self._drainer.saw_fence(deployment, command.fence)
+            for victim in command.victims:
+                self._drainer.forget(victim)
             self._remove(deployment, wl, command.victims, command.replicas, command.fence)
 
     @_typed("observe")
     def observe(self, now_ms: int) -> Observations:
         self.start()
         self._confirm_warm(now_ms)
+        self._step_drains(now_ms)
         samples = self._samples(now_ms)
         with self._lock:
             reports, self._reports = tuple(self._reports), []
@@ -530,14 +373,14 @@ class KubernetesBackend:
         if inst.phase in (Phase.SLEEPING, Phase.HOT_STANDBY):
             return
         try:
-            engine_sleep(wl.cfg.engine, self._driver(wl, inst.pod))
+            self._driver(wl, inst.pod).warm_down()
             inst.phase = Phase.SLEEPING
         except WarmPathUnavailable as exc:
             inst.phase = Phase.HOT_STANDBY
             if iid not in self._warm_path_logged:
                 self._warm_path_logged.add(iid)
                 log.warning("warm_path_unavailable", deployment=deployment, instance=iid, pod=inst.pod,
-                            engine=wl.cfg.engine, reason=str(exc), fallback="hot_standby")
+                            engine=wl.cfg.engine.value, reason=str(exc), fallback="hot_standby")
 
     def _wake(self, deployment: DeploymentId, wl: _Workload, iid: str, now_ms: int) -> None:
         inst = self._tracked(deployment, iid)
@@ -545,12 +388,85 @@ class KubernetesBackend:
             inst.phase = Phase.SERVING
             self._report(iid, "warmed", now_ms, "hot standby: engine never slept")
         elif inst.phase is Phase.SLEEPING:
-            engine_wake(wl.cfg.engine, self._driver(wl, inst.pod))
+            self._driver(wl, inst.pod).warm_up()
             inst.phase = Phase.WARMING  # observe() reports warmed once the engine answers ready
+
+    # -- drains (adapters/kube_drain.py) ----------------------------------------------------------
+    def _drain(self, deployment: DeploymentId, wl: _Workload, command: InstanceCommand, now_ms: int) -> None:
+        """Stop routing to the instance's pod now; :meth:`_step_drains` removes it later."""
+        iid = command.instance.instance_id
+        inst = self._instances[deployment].get(iid)
+        pod = wl.pods.get(inst.pod) if inst is not None else None
+        if inst is None or pod is None or inst.phase in (Phase.REMOVING, Phase.GONE):
+            self._remove(deployment, wl, (iid,), None, command.fence)  # a pending id (or gone): as a cancel
+            return
+        before = None
+        if wl.cfg.kind == "StatefulSet" and inst.phase is not Phase.DRAINING:
+            draining = [i.instance_id for i in self._instances[deployment].values() if i.phase is Phase.DRAINING]
+
+            def before(fenced: _Fenced) -> PodInfo:  # the instance onto the highest live ordinal first
+                top = fenced.replicas - len(draining) - 1
+                self._statefulset_victims(deployment, wl, [*draining, iid], _Fenced(
+                    fenced.resource_version, fenced.replicas, top, fenced.pending))
+                return wl.pods[inst.pod]
+
+        self._drainer.begin(wl, iid, pod, command.deadline_ms or now_ms, command.fence, now_ms, before)
+        inst.phase = Phase.DRAINING
+
+    def _step_drains(self, now_ms: int) -> None:
+        """One bounded look at each due drain (engine calls outside the lock), then remove the done."""
+        with self._lock:
+            looks = []
+            for d in self._drainer.due(now_ms):
+                wl = self._workloads[DeploymentId(d.deployment)]
+                pod = wl.pods.get(d.pod)
+                present = pod is not None and pod.live and not pod.failed and pod.uid in ("", d.pod_uid)
+                try:
+                    driver = self._driver(wl, d.pod) if present else None
+                except ControlPlaneError:
+                    driver = None
+                looks.append((d, wl, present, driver))
+        for d, wl, present, driver in looks:
+            reason = self._drainer.check(d, present, driver, now_ms)
+            if reason is None:
+                continue
+            with self._lock:
+                try:
+                    self._end_drain(d, wl, reason, now_ms)
+                except (ControlPlaneError, *_MALFORMED) as exc:  # retried at the next observation
+                    log.warning("kubernetes.drain_remove_failed", instance=d.instance_id,
+                                error=f"{type(exc).__name__}: {exc}")
+
+    def _end_drain(self, d: Drain, wl: _Workload, reason: DrainReason, now_ms: int) -> None:
+        deployment = DeploymentId(d.deployment)
+        inst = self._instances[deployment].get(d.instance_id)
+        if inst is None or inst.phase is not Phase.DRAINING or d.instance_id not in self._drainer:
+            self._drainer.forget(d.instance_id)
+            return
+        fence = self._drainer.fence_of(d)
+        if fence is None:
+            return
+        if wl.cfg.kind == "StatefulSet":
+            pod = wl.pods.get(d.pod)
+            higher = [p.name for p in wl.pods.values() if p.live and pod is not None and pod.ordinal is not None
+                      and (p.ordinal or 0) > pod.ordinal]
+            if higher:
+                self._drainer.blocked(d, f"StatefulSet pods {sorted(higher)} sit above it: Kubernetes removes the "
+                                         "highest ordinal first")
+                return
+            self._remove(deployment, wl, (d.instance_id,), None, fence)
+        else:
+            self._drainer.delete_and_shrink(wl, d, fence)
+        inst.phase = Phase.REMOVING
+        self._drainer.done(d, reason, now_ms)
+        pod = wl.pods.get(inst.pod)
+        if pod is None or pod.uid not in ("", d.pod_uid):
+            self._finish(inst, "drained", now_ms, f"pod {inst.pod} drained ({reason.value})")
+            self._drivers.pop((deployment, inst.pod), None)
 
     def _tracked(self, deployment: DeploymentId, iid: str) -> _Instance:
         inst = self._instances[deployment].get(iid)
-        if inst is None or inst.phase in (Phase.GONE, Phase.REMOVING):
+        if inst is None or inst.phase in (Phase.GONE, Phase.REMOVING, Phase.DRAINING):
             raise NotFound("instance", iid)
         return inst
 
@@ -638,8 +554,9 @@ class KubernetesBackend:
         victim.pod, partner.pod = high.name, low.name
         for pod, iid in ((high, victim.instance_id), (low, partner.instance_id)):
             body = {"metadata": {"resourceVersion": pod.resource_version, "annotations": {INSTANCE_ID: iid}}}
-            self._call(wl, f"swap instance id on pod {pod.name}", self._core.patch_namespaced_pod, pod.name,
-                       wl.cfg.namespace, body, _request_timeout=self.config.request_timeout_s)
+            patched = self._call(wl, f"swap instance id on pod {pod.name}", self._core.patch_namespaced_pod, pod.name,
+                                 wl.cfg.namespace, body, _request_timeout=self.config.request_timeout_s)
+            wl.pods[pod.name] = pod_info(patched, wl.cfg.kind)  # the cache must not lag a second command
         self._stats.swaps += 1
         log.info("kubernetes.ordinal_swap", deployment=deployment, victim=victim.instance_id, to_pod=high.name,
                  partner=partner.instance_id, partner_pod=low.name)
@@ -796,6 +713,8 @@ class KubernetesBackend:
             self._report(iid, "start_warmup", self._clock_ms(), f"pod {pod.name}")
         else:
             phase = Phase.SERVING if pod.ready else Phase.WARMING
+            if self._drainer.adopt(deployment, iid, pod, self._clock_ms()):
+                phase = Phase.DRAINING
             self._instances[deployment][iid] = _Instance(iid, pod.name, phase)
             log.info("kubernetes.adopted", deployment=deployment, instance=iid, pod=pod.name, phase=phase.value)
 
@@ -882,8 +801,8 @@ class KubernetesBackend:
             log.warning("kubernetes.bind_failed", workload=wl.cfg.name, error=str(exc))
 
     def _pod_to_report(self, deployment: DeploymentId, wl: _Workload, inst: _Instance, now_ms: int) -> None:
-        if inst.phase is Phase.GONE:
-            return
+        if inst.phase in (Phase.GONE, Phase.DRAINING):
+            return  # a draining pod that goes early is the drain's to report (_step_drains)
         pod = wl.pods.get(inst.pod)
         if pod is not None and pod.instance_id not in (None, inst.instance_id):
             return  # an ordinal swap is in flight; the pod's own event settles it
@@ -907,7 +826,7 @@ class KubernetesBackend:
         log.info("kubernetes.report", instance=iid, event_name=event, detail=detail)
 
     # -- engines ------------------------------------------------------------------------------------------
-    def _driver(self, wl: _Workload, pod_name: str) -> Any:
+    def _driver(self, wl: _Workload, pod_name: str) -> EngineDriver:
         key = (wl.cfg.deployment, pod_name)
         driver = self._drivers.get(key)
         if driver is None:
@@ -918,7 +837,7 @@ class KubernetesBackend:
             self._drivers[key] = driver
         return driver
 
-    def _snapshot(self, phase: Phase, need_ready: bool) -> list[tuple[DeploymentId, _Workload, str, Any]]:
+    def _snapshot(self, phase: Phase, need_ready: bool) -> list[tuple[DeploymentId, _Workload, str, EngineDriver]]:
         out = []
         with self._lock:
             for deployment, wl in self._workloads.items():
@@ -936,7 +855,7 @@ class KubernetesBackend:
         """Warming instances whose pod is Ready and whose engine answers ready -> ``warmed``."""
         for deployment, wl, iid, driver in self._snapshot(Phase.WARMING, need_ready=True):
             try:
-                ok = engine_ready(wl.cfg.engine, driver)
+                ok = driver.is_ready()
             except ControlPlaneError as exc:
                 log.info("kubernetes.engine_not_ready", instance=iid, error=str(exc))
                 continue
@@ -970,18 +889,6 @@ class KubernetesBackend:
 def _unhealthy(iid: str, deployment: DeploymentId, now_ms: int) -> InstanceSample:
     return InstanceSample(InstanceId(iid), deployment, now_ms, running=0, waiting=0, kv_usage=0.0,
                           prompt_tokens_per_s=0.0, generation_tokens_per_s=0.0, healthy=False)
-
-
-def parse_pending(text: str | None) -> tuple[str, ...]:
-    """The pending-instances annotation (a JSON list of ids); anything unreadable counts as empty."""
-    if not text:
-        return ()
-    try:
-        value = json.loads(text)
-    except ValueError:
-        log.warning("kubernetes.pending_unreadable", value=text[:200])
-        return ()
-    return tuple(str(v) for v in value) if isinstance(value, list) else ()
 
 
 def _translate(exc: ApiException, wl: _Workload, what: str) -> ControlPlaneError:

@@ -336,6 +336,45 @@ class TritonDriver:
             raise Unavailable(f"Triton {route}: HTTP 503 {message!r}")
         raise UnexpectedResponse(f"Triton {route}: HTTP {status} {message!r}")
 
+    # -- EngineDriver (adapters/engines.py) -----------------------------------------------------
+    def is_ready(self) -> bool:
+        """The model is ready (``/v2/models/{model}/ready``): what serving needs."""
+        return self.model_ready()
+
+    def warm_down(self) -> None:
+        self.unload_model()
+
+    def warm_up(self) -> None:
+        self.load_model()
+
+    def in_flight(self) -> int | None:
+        """Requests the server holds now, from one ``/metrics`` scrape (the :meth:`sample` baseline is
+        left alone): ``nv_inference_pending_request_count`` (Triton's scheduler queue: queued only)
+        + the TensorRT-LLM backend's ``nv_trt_llm_request_metrics{request_type="waiting"}`` (its own
+        queue) + ``{request_type="active"}`` (requests in its batch manager, scheduled or paused;
+        disjoint from the queues). Without the TensorRT-LLM gauges nothing counts the requests a
+        backend is executing (the Little's-law ``running`` is a mean over the last interval, and
+        lags), so the answer is None: the caller cannot tell."""
+        status, body = self._request("GET", "/metrics", base=self.metrics_url)
+        if status != 200:
+            raise UnexpectedResponse(f"Triton {self.metrics_url}/metrics: HTTP {status}")
+        families = parse_exposition(body)
+
+        def model_sum(name: str, **match: str) -> float | None:
+            samples = [(s.labels, float(s.value)) for s in families.get(name, [])
+                       if s.name == name and s.labels.get("model") == self.model
+                       and all(s.labels.get(k) == v for k, v in match.items())]
+            return _finite_sum(_field(name, match), samples) if samples else None
+
+        active = model_sum(TRT_REQUESTS, request_type="active")
+        if active is None:
+            return None
+        pending = model_sum(PENDING)
+        if pending is None:
+            raise MetricsMalformed(PENDING, "missing", engine=ENGINE)
+        waiting = model_sum(TRT_REQUESTS, request_type="waiting") or 0.0
+        return check_count(f"{PENDING} + {TRT_REQUESTS}", pending + waiting + active, engine=ENGINE)
+
     # -- metrics --------------------------------------------------------------------------------
     def sample(self, instance_id: InstanceId, deployment: DeploymentId, now_ms: int) -> InstanceSample:
         status, body = self._request("GET", "/metrics", base=self.metrics_url)

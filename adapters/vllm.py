@@ -67,9 +67,11 @@ from adapters.engine_http import (
     histogram_delta_quantile,
     http_request,
 )
+from controlplane.domain.engines import CAPABILITIES, Engine
 from controlplane.domain.errors import ValidationError
 from controlplane.domain.ids import DeploymentId, InstanceId
 from controlplane.domain.observations import InstanceSample
+from controlplane.domain.start_tiers import VLLM_SLEEP_LEVEL
 
 __all__ = [
     "EngineRejected", "MetricsMalformed", "UnexpectedResponse", "VllmDriver", "WarmPathUnavailable",
@@ -130,12 +132,17 @@ class DriverStatistics:
 class VllmDriver:
     """One vLLM server. Thread-safe; keeps the previous successful scrape for deltas."""
 
-    def __init__(self, base_url: str, timeout_s: float, model_name: str | None = None) -> None:
+    def __init__(self, base_url: str, timeout_s: float, model_name: str | None = None, *,
+                 sleep_level: int = VLLM_SLEEP_LEVEL) -> None:
         if timeout_s <= 0:
             raise ValidationError("timeout_s", "must be > 0")
+        if sleep_level not in CAPABILITIES[Engine.VLLM].sleep_levels:
+            raise ValidationError("sleep_level", f"vLLM sleeps at levels {CAPABILITIES[Engine.VLLM].sleep_levels}, "
+                                                 f"got {sleep_level}")
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         self.model_name = model_name
+        self.sleep_level = sleep_level
         self._lock = threading.Lock()
         self._previous: _Scrape | None = None
         self._stats = DriverStatistics()
@@ -218,6 +225,26 @@ class VllmDriver:
         if not isinstance(obj.get("is_sleeping"), bool):
             raise UnexpectedResponse(f"vLLM /is_sleeping: unexpected body {obj!r}")
         return bool(obj["is_sleeping"])
+
+    # -- EngineDriver (adapters/engines.py) -----------------------------------------------------
+    def is_ready(self) -> bool:
+        return self.health()
+
+    def warm_down(self) -> None:
+        """``POST /sleep?level=<sleep_level>&mode=wait``: in-flight requests finish first."""
+        self.sleep(level=self.sleep_level, mode="wait")
+
+    def warm_up(self) -> None:
+        self.wake_up()
+
+    def in_flight(self) -> int:
+        """``vllm:num_requests_running + vllm:num_requests_waiting`` of one ``/metrics`` scrape: every
+        request the engine holds. Leaves the :meth:`sample` baseline (rates, TTFT deltas) alone."""
+        status, body, _ = self._request("GET", "/metrics")
+        if status != 200:
+            raise UnexpectedResponse(f"vLLM /metrics: HTTP {status}")
+        _, gauges = self._parse(body)
+        return int(gauges[RUNNING]) + int(gauges[WAITING])
 
     # -- metrics --------------------------------------------------------------------------------
     def sample(self, instance_id: InstanceId, deployment: DeploymentId, now_ms: int) -> InstanceSample:

@@ -28,7 +28,7 @@ import json
 import logging
 import socket
 import sys
-import urllib.parse
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -36,8 +36,10 @@ import structlog
 from controlplane.domain.errors import ControlPlaneError, Unavailable, ValidationError
 from controlplane.domain.ids import DeploymentId, InstanceId
 
-ENGINES = ("vllm", "triton", "deepspeed-mii")
-MII_DEFAULT_GRPC_PORT = 50050
+from adapters.engines import REGISTRY, DriverAddress, build_driver
+from controlplane.domain.engines import Engine
+
+ENGINES = tuple(e.value for e in REGISTRY)
 PROBE_INSTANCE = InstanceId("probe")
 PROBE_DEPLOYMENT = DeploymentId("probe")
 
@@ -80,11 +82,7 @@ def probe(engine: str, url: str, *, metrics_url: str | None = None, model: str |
     if timeout_s <= 0:
         raise ValidationError("--timeout", f"must be > 0, got {timeout_s}")
     try:
-        if engine == "vllm":
-            return _vllm(url, model, timeout_s, now_ms)
-        if engine == "triton":
-            return _triton(url, metrics_url, model, timeout_s, now_ms)
-        return _mii(url, grpc_address, timeout_s, now_ms)
+        return _READERS[Engine(engine)](url, metrics_url, model, grpc_address, timeout_s, now_ms)
     except Unavailable as exc:
         raise EngineUnreachable(f"{engine} at {url}: unreachable: {_reason(exc, timeout_s)}") from exc
     except ControlPlaneError as exc:
@@ -107,10 +105,12 @@ def _observation(engine: str, url: str, healthy: bool, ready: bool, sample: Any 
     }
 
 
-def _vllm(url: str, model: str | None, timeout_s: float, now_ms: int) -> dict[str, Any]:
+def _vllm(url: str, _metrics_url: str | None, model: str | None, _grpc: str | None, timeout_s: float,
+          now_ms: int) -> dict[str, Any]:
     from adapters.vllm import VllmDriver
 
-    driver = VllmDriver(url, timeout_s, model_name=model)
+    driver = build_driver(Engine.VLLM, DriverAddress(url, timeout_s, model=model))
+    assert isinstance(driver, VllmDriver)
     healthy = driver.health()
     sample = driver.sample(PROBE_INSTANCE, PROBE_DEPLOYMENT, now_ms)
     unknown = ["ttft_p99_ms (needs two scrapes)", "prompt_tokens_per_s (needs two scrapes)",
@@ -118,14 +118,16 @@ def _vllm(url: str, model: str | None, timeout_s: float, now_ms: int) -> dict[st
     return _observation("vllm", url, healthy, healthy, sample, unknown, driver.statistics())
 
 
-def _triton(url: str, metrics_url: str | None, model: str | None, timeout_s: float, now_ms: int) -> dict[str, Any]:
+def _triton(url: str, metrics_url: str | None, model: str | None, _grpc: str | None, timeout_s: float,
+            now_ms: int) -> dict[str, Any]:
     from adapters.triton import TritonDriver
 
     if not metrics_url:
         raise ValidationError("--metrics-url", "required for triton (the metrics port, default 8002)")
     if not model:
         raise ValidationError("--model", "required for triton (the repository model name)")
-    driver = TritonDriver(url, metrics_url, model, timeout_s)
+    driver = build_driver(Engine.TRITON, DriverAddress(url, timeout_s, model=model, metrics_url=metrics_url))
+    assert isinstance(driver, TritonDriver)
     healthy = driver.live()
     ready = driver.ready() and driver.model_ready()
     sample = driver.sample(PROBE_INSTANCE, PROBE_DEPLOYMENT, now_ms)
@@ -144,13 +146,13 @@ def _triton(url: str, metrics_url: str | None, model: str | None, timeout_s: flo
     return _observation("triton", url, healthy, ready, sample, unknown, stats)
 
 
-def _mii(url: str, grpc_address: str | None, timeout_s: float, now_ms: int) -> dict[str, Any]:
+def _mii(url: str, _metrics_url: str | None, _model: str | None, grpc_address: str | None, timeout_s: float,
+         now_ms: int) -> dict[str, Any]:
     from adapters.deepspeed_mii import MiiDriver, UnexpectedResponse
 
-    if grpc_address is None:
-        host = urllib.parse.urlsplit(url).hostname or ""
-        grpc_address = f"{host}:{MII_DEFAULT_GRPC_PORT}"
-    driver = MiiDriver(url, grpc_address, timeout_s)
+    # ``--url`` is the whole REST URL (``.../mii/DEPLOYMENT``); no gRPC address: its host, port 50050
+    driver = build_driver(Engine.DEEPSPEED_MII, DriverAddress(url, timeout_s, grpc_address=grpc_address))
+    assert isinstance(driver, MiiDriver)
     try:
         sample = driver.sample(PROBE_INSTANCE, PROBE_DEPLOYMENT, now_ms)
     except UnexpectedResponse as exc:
@@ -160,6 +162,12 @@ def _mii(url: str, grpc_address: str | None, timeout_s: float, now_ms: int) -> d
     stats = driver.statistics()
     ok = sample is not None
     return _observation("deepspeed-mii", url, ok, ok, sample, list(stats["missing"]), stats)
+
+
+_READERS: dict[Engine, Callable[[str, str | None, str | None, str | None, float, int], dict[str, Any]]] = {
+    Engine.VLLM: _vllm, Engine.TRITON: _triton, Engine.DEEPSPEED_MII: _mii}
+"""What one probe read reports per engine (health routes and the fields one scrape cannot know);
+the drivers themselves come from :data:`adapters.engines.REGISTRY`."""
 
 
 def run_cli(args: Any) -> int:

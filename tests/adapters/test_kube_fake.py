@@ -178,3 +178,25 @@ def test_fault_hooks(fake: FakeKubeApiServer, api: k8s.ApiClient) -> None:
         apps.read_namespaced_deployment("web", NS)
     assert err.value.status == 503
     assert apps.read_namespaced_deployment("web", NS).metadata.annotations == {"a": "1"}
+
+
+def test_delete_preconditions_template_labels_orphaning_and_endpoints(fake: FakeKubeApiServer,
+                                                                       api: k8s.ApiClient) -> None:
+    fake.add_workload("Deployment", NS, "web", replicas=2, template_labels={"controlplane.io/serving": "true"})
+    core = k8s.CoreV1Api(api)
+    a, b = fake.pod_names(NS)
+    for name in (a, b):
+        fake.set_pod_ready(NS, name)
+    pod = core.read_namespaced_pod(a, NS)
+    assert pod.metadata.labels == {"app": "web", "controlplane.io/serving": "true"}  # the template's labels
+    service = {"app": "web", "controlplane.io/serving": "true"}
+    assert sorted(fake.endpoints(NS, service)) == sorted([a, b])
+    core.patch_namespaced_pod(a, NS, {"metadata": {"labels": {"controlplane.io/serving": "false"}}})
+    assert fake.endpoints(NS, service) == [b] and len(fake.pod_names(NS)) == 2  # still owned: not in the selector
+    with pytest.raises(ConflictException) as err:
+        core.delete_namespaced_pod(a, NS, body=k8s.V1DeleteOptions(preconditions=k8s.V1Preconditions(uid="other")))
+    assert "Precondition failed: UID in precondition: other" in json.loads(err.value.body)["message"]
+    core.delete_namespaced_pod(a, NS, body=k8s.V1DeleteOptions(preconditions=k8s.V1Preconditions(uid=pod.metadata.uid)))
+    assert a not in fake.pod_names(NS) and len(fake.pod_names(NS)) == 2  # the ReplicaSet replaced it
+    core.patch_namespaced_pod(b, NS, {"metadata": {"labels": {"app": "elsewhere"}}})
+    assert len(fake.pods(NS, {"app": "web"})) == 2  # b left the selector: released and replaced

@@ -231,12 +231,13 @@ def test_drain_deletes_exactly_the_victim_pod_on_a_deployment(env: Env) -> None:
     backend = env.backend()
     reports = Reports(backend)
     serving(env, backend, reports, "i-1", "i-2", "i-3")
-    victim = env.pod_of("i-1")  # the oldest: without the deletion cost the newest would go
-    backend.apply(cmd("drain", "i-1"), 0)
+    victim = env.pod_of("i-1")  # the oldest: a plain scale-down would remove the newest
+    backend.apply(cmd("drain", "i-1"), 0)  # deadline 0: already past, removed at the next observation
+    assert victim in env.fake.pod_names(NS) and env.workload()["spec"]["replicas"] == 3
+    reports.wait_for("i-1", "drained")
     assert env.workload()["spec"]["replicas"] == 2
     assert victim not in env.fake.pod_names(NS)
-    assert env.pod_of("i-2") and env.pod_of("i-3")
-    reports.wait_for("i-1", "drained")
+    assert env.pod_of("i-2") and env.pod_of("i-3") and len(env.fake.pod_names(NS)) == 2
     assert not any(e == "lost" for _, e in reports.poll())
 
 
@@ -263,15 +264,16 @@ def test_scale_command_annotates_victims_then_sets_replicas(env: Env) -> None:
 
 
 def test_statefulset_drain_swaps_ids_onto_the_highest_ordinal(env: Env) -> None:
-    env.fake.add_workload("StatefulSet", NS, "db")
+    env.fake.add_workload("StatefulSet", NS, "db", template_labels={"controlplane.io/serving": "true"})
     backend = env.backend("StatefulSet", "db")
     reports = Reports(backend)
     serving(env, backend, reports, "i-0", "i-1", "i-2")
     assert [env.pod_of(i) for i in ("i-0", "i-1", "i-2")] == ["db-0", "db-1", "db-2"]
     backend.apply(cmd("drain", "i-0"), 0)
-    assert env.fake.pod_names(NS) == ["db-0", "db-1"]
-    assert env.pod_of("i-2") == "db-0"  # the partner now lives on the victim's old pod
+    assert env.pod_of("i-2") == "db-0" and env.pod_of("i-0") == "db-2"  # swapped at drain start
+    assert env.fake.endpoints(NS, {"app": "db", "controlplane.io/serving": "true"}) == ["db-0", "db-1"]
     reports.wait_for("i-0", "drained")
+    assert env.fake.pod_names(NS) == ["db-0", "db-1"]
     reports.poll()
     assert ("i-2", "lost") not in reports.seen
     assert sorted(s.instance_id for s in reports.samples) == ["i-1", "i-2"]

@@ -10,7 +10,8 @@ from collections.abc import Iterator
 import pytest
 from kubernetes import client as k8s
 
-from adapters.kubernetes import KubernetesBackend, KubernetesConfig, WorkloadConfig, engine_sleep, engine_wake
+from adapters.deepspeed_mii import MiiDriver
+from adapters.kubernetes import KubernetesBackend, KubernetesConfig, WorkloadConfig
 from adapters.model_cache import MODELS_KEY, NODE_LABEL, ModelCacheConfig, cached_models
 from adapters.simulated import SimulatedBackend, SimulatedConfig
 from adapters.vllm import VllmDriver
@@ -147,10 +148,10 @@ def test_the_simulated_backend_reports_its_cache() -> None:
 def test_vllm_sleeps_at_the_level_asked(level: int) -> None:
     server = FakeVllmServer(model_name="m", dev_mode=True).start()
     try:
-        driver = VllmDriver(server.base_url, timeout_s=1.0)
-        engine_sleep("vllm", driver, level)
+        driver = VllmDriver(server.base_url, timeout_s=1.0, sleep_level=level)
+        driver.warm_down()
         assert server.sleep_level == level
-        engine_wake("vllm", driver)
+        driver.warm_up()
         assert server.sleep_level is None
     finally:
         server.stop()
@@ -159,7 +160,7 @@ def test_vllm_sleeps_at_the_level_asked(level: int) -> None:
 def test_vllm_sleeps_at_the_product_level_by_default() -> None:
     server = FakeVllmServer(model_name="m", dev_mode=True).start()
     try:
-        engine_sleep("vllm", VllmDriver(server.base_url, timeout_s=1.0))
+        VllmDriver(server.base_url, timeout_s=1.0).warm_down()
         assert server.sleep_level == VLLM_SLEEP_LEVEL == 1
     finally:
         server.stop()
@@ -167,6 +168,6 @@ def test_vllm_sleeps_at_the_product_level_by_default() -> None:
 
 def test_deepspeed_mii_refuses_to_sleep_or_wake() -> None:
     with pytest.raises(ValidationError, match="deepspeed-mii has no sleep mode"):
-        engine_sleep("deepspeed-mii", object())
+        MiiDriver("http://127.0.0.1:1/mii/m", "127.0.0.1:1", 1.0).warm_down()
     with pytest.raises(ValidationError, match="no sleep mode"):
-        engine_wake("deepspeed-mii", object())
+        MiiDriver("http://127.0.0.1:1/mii/m", "127.0.0.1:1", 1.0).warm_up()

@@ -139,6 +139,7 @@ _CALLS = {
     "replace_namespaced_stateful_set_scale": ("apps", "statefulsets/scale", "update"),
     "list_namespaced_pod": ("", "pods", "list"),
     "patch_namespaced_pod": ("", "pods", "patch"),
+    "delete_namespaced_pod": ("", "pods", "delete"),
     "list_namespaced_config_map": ("", "configmaps", "list"),
 }
 
@@ -147,7 +148,7 @@ def backend_calls() -> set[tuple[str, str, str]]:
     """What adapters/kubernetes.py calls, read from its source (so a new call fails this test until
     the Role grants it, and a dropped one until the Role stops granting it)."""
     source = "\n".join((REPO / "adapters" / name).read_text(encoding="utf-8")
-                        for name in ("kubernetes.py", "model_cache.py"))
+                        for name in ("kubernetes.py", "kube_drain.py", "model_cache.py"))
     methods = set(re.findall(r"self\._(?:apps|core)\.(\w+)", source))
     unknown = methods - set(_CALLS)
     assert not unknown, f"adapters/kubernetes.py calls {sorted(unknown)}: add them to _CALLS and to the Role"
@@ -279,3 +280,50 @@ def test_engines_match_the_contracts(folder: str) -> None:
             assert f'deployment_name="{w["model"]}"' in args and f"restful_api_port={w['port']}" in args
             assert f"port_number={w.get('grpc_port', 50050)}" in args and 'restful_api_host="0.0.0.0"' in args
         assert c["resources"]["limits"]["nvidia.com/gpu"] == c["resources"]["requests"]["nvidia.com/gpu"]
+
+
+def serving_problems(objs: tuple[dict, ...] | list[dict], workloads: list[dict]) -> list[str]:
+    """Drains stop routing through the ``controlplane.io/serving`` label (adapters/kube_drain.py): each
+    managed workload's pod template carries it "true", its own selector never names it, and a Service
+    selects its pods only with it."""
+    label = "controlplane.io/serving"
+    problems = []
+    services = [o for o in objs if o["kind"] == "Service"]
+    for w in workloads:
+        [wl] = [o for o in objs if o["kind"] == w["kind"] and o["metadata"]["name"] == w["name"]
+                and o["metadata"]["namespace"] == w["namespace"]]
+        template = wl["spec"]["template"]["metadata"]["labels"]
+        if template.get(label) != "true":
+            problems.append(f"{w['name']}: pod template lacks {label}: \"true\"")
+        if label in wl["spec"]["selector"].get("matchLabels", {}):
+            problems.append(f"{w['name']}: the workload selector names {label} (a drained pod would be orphaned)")
+        routed = [s for s in services if s["metadata"]["namespace"] == w["namespace"]
+                  and all(template.get(k) == v for k, v in s["spec"].get("selector", {}).items())]
+        if not routed:
+            problems.append(f"{w['name']}: no Service selects its pods")
+        for s in routed:
+            if s["spec"]["selector"].get(label) != "true":
+                problems.append(f"Service {s['metadata']['name']}: selects {w['name']} without {label}: \"true\"")
+    return problems
+
+
+@pytest.mark.parametrize("folder", OVERLAYS)
+def test_engine_services_route_only_to_serving_pods(folder: str) -> None:
+    objs = render(folder)
+    adapter_cfg = load_yaml(one(objs, "ConfigMap", "adapter-config")["data"]["adapter.yaml"])
+    assert serving_problems(objs, adapter_cfg["kubernetes"]["workloads"]) == []
+
+
+def test_serving_checker_catches_a_missing_label_and_a_selector_naming_it() -> None:
+    objs = render(OVERLAYS[0])
+    workloads = load_yaml(one(objs, "ConfigMap", "adapter-config")["data"]["adapter.yaml"])["kubernetes"]["workloads"]
+    broken = copy.deepcopy(list(objs))
+    w = workloads[0]
+    [wl] = [o for o in broken if o["kind"] == w["kind"] and o["metadata"]["name"] == w["name"]]
+    wl["spec"]["selector"]["matchLabels"]["controlplane.io/serving"] = "true"
+    for s in broken:
+        if s["kind"] == "Service":
+            s["spec"]["selector"].pop("controlplane.io/serving", None)
+    problems = serving_problems(broken, workloads)
+    assert any("workload selector names" in p for p in problems)
+    assert any("without controlplane.io/serving" in p for p in problems)

@@ -22,6 +22,12 @@ What it reproduces:
 * Scale responses always carry ``status.replicas`` and the string ``status.selector``; the Scale's
   resourceVersion is its parent's.
 * ``controller.kubernetes.io/pod-deletion-cost`` must be an int32 string -> otherwise 422 Invalid.
+* ``DELETE`` honours ``DeleteOptions.preconditions`` (``uid``, ``resourceVersion``): a mismatch is a 409
+  Conflict "Precondition failed: UID in precondition: ..." as the apiserver answers.
+* Pods get the workload's *template* labels; a pod whose labels stop matching the workload's selector
+  is released (orphaned) and replaced, as the real controllers do. :meth:`FakeKubeApiServer.endpoints`
+  is what the EndpointSlice controller would publish for a Service selector (matching, Ready, with an
+  IP, not terminating).
 * Lease ``acquireTime``/``renewTime`` are MicroTime: exactly 6 fractional digits and a zone -> else 400.
 * Watch: ``resourceVersion`` absent or "0" -> synthetic ADDED events for the current objects first;
   older than the compaction floor (:meth:`compact`) -> a 200 stream with one ERROR event carrying a
@@ -328,8 +334,10 @@ class FakeKubeApiServer:
 
     # -- objects for tests ----------------------------------------------------------------------
     def add_workload(self, kind: str, namespace: str, name: str, *, replicas: int = 0,
-                     labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None) -> dict[str, Any]:
-        """Create a Deployment or StatefulSet (tests create workloads directly, as an operator would)."""
+                     labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
+                     template_labels: dict[str, str] | None = None) -> dict[str, Any]:
+        """Create a Deployment or StatefulSet (tests create workloads directly, as an operator would).
+        ``labels`` are the selector; the pod template carries them plus ``template_labels``."""
         resource = "deployments" if kind == "Deployment" else "statefulsets"
         labels = labels or {"app": name}
         meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": str(uuid.uuid4()),
@@ -338,7 +346,7 @@ class FakeKubeApiServer:
             meta["annotations"] = dict(annotations)
         obj = {"apiVersion": "apps/v1", "kind": kind, "metadata": meta,
                "spec": {"replicas": replicas, "selector": {"matchLabels": dict(labels)},
-                        "template": {"metadata": {"labels": dict(labels)},
+                        "template": {"metadata": {"labels": {**(template_labels or {}), **labels}},
                                      "spec": {"containers": [{"name": "engine", "image": "engine:test"}]}}},
                "status": {"replicas": 0}}
         if kind == "StatefulSet":
@@ -363,6 +371,12 @@ class FakeKubeApiServer:
 
     def pod_names(self, namespace: str, selector: dict[str, str] | None = None) -> list[str]:
         return [p["metadata"]["name"] for p in self.pods(namespace, selector)]
+
+    def endpoints(self, namespace: str, service_selector: dict[str, str]) -> list[str]:
+        """The pods a Service with ``service_selector`` routes to, as the EndpointSlice controller
+        computes them: labels match, the pod has an IP, is Ready and not terminating."""
+        return [p["metadata"]["name"] for p in self.pods(namespace, service_selector)
+                if _pod_ready(p) and p.get("status", {}).get("podIP") and not p["metadata"].get("deletionTimestamp")]
 
     def put_configmap(self, namespace: str, name: str, data: dict[str, str],
                       labels: dict[str, str] | None = None) -> None:
@@ -471,8 +485,12 @@ class FakeKubeApiServer:
 
     # -- the controller -------------------------------------------------------------------------------
     def _owned_pods(self, resource: str, namespace: str, name: str) -> list[dict[str, Any]]:
+        """Pods the workload controls: a pod whose labels stop matching the selector is released
+        (orphaned), as the ReplicaSet / StatefulSet controllers do, and a replacement is created."""
+        selector = self.store.objects[(resource, namespace, name)]["spec"]["selector"]["matchLabels"]
         return [o for (r, ns, _), o in self.store.objects.items()
-                if r == "pods" and ns == namespace and o["metadata"].get("x-owner") == f"{resource}/{name}"]
+                if r == "pods" and ns == namespace and o["metadata"].get("x-owner") == f"{resource}/{name}"
+                and matches(o["metadata"].get("labels"), selector)]
 
     def _reconcile_owner_locked(self, namespace: str, pod_name: str) -> None:
         for (r, ns, name) in list(self.store.objects):
@@ -518,7 +536,7 @@ class FakeKubeApiServer:
     def _create_pod(self, workload: dict[str, Any], resource: str, pod_name: str) -> None:
         meta = workload["metadata"]
         self.store.created += 1
-        labels = dict(workload["spec"]["selector"]["matchLabels"])
+        labels = dict(workload["spec"]["template"]["metadata"]["labels"])  # pods get the template's labels
         pod = {"apiVersion": "v1", "kind": "Pod",
                "metadata": {"name": pod_name, "namespace": meta["namespace"], "uid": str(uuid.uuid4()),
                             "labels": labels, "creationTimestamp": _now(),
@@ -635,8 +653,21 @@ class FakeKubeApiServer:
                 self._reconcile_owner_locked(namespace, name)
             return _public(self.store.objects[(resource, namespace, name)])
 
-    def delete(self, resource: str, namespace: str, name: str) -> dict[str, Any]:
+    def delete(self, resource: str, namespace: str, name: str, options: Any = None) -> dict[str, Any]:
+        """``DELETE`` with optional ``DeleteOptions``: ``preconditions.uid`` / ``.resourceVersion``
+        that differ from the object's answer 409 Conflict (apiserver ``rest.BeforeDelete``)."""
         with self.cond:
+            current = self.store.objects.get((resource, namespace, name))
+            if current is None:
+                raise not_found(resource, name)
+            pre = (options or {}).get("preconditions") or {} if isinstance(options, dict) else {}
+            for key, label in (("uid", "UID"), ("resourceVersion", "ResourceVersion")):
+                want = pre.get(key)
+                if want not in (None, "") and want != current["metadata"].get(key):
+                    raise ApiError(409, "Conflict",
+                                   f'Operation cannot be fulfilled on {_qualified(resource)} "{name}": Precondition '
+                                   f"failed: {label} in precondition: {want}, {label} in object meta: "
+                                   f"{current['metadata'].get(key)}", _details(resource, name))
             obj = self._delete_locked(resource, namespace, name)
             if self.auto_reconcile:
                 self._reconcile_owner_locked(namespace, name)
@@ -866,7 +897,7 @@ class _Handler(BaseHTTPRequestHandler):
                 if method == "PATCH":
                     return fake.patch("pods", ns, name, content_type, _json_body(raw, content_type))
                 if method == "DELETE":
-                    return fake.delete("pods", ns, name)
+                    return fake.delete("pods", ns, name, _json_body(raw, content_type, put=True) if raw else None)
             raise _not_allowed(method)
         if m := CONFIGMAPS.match(path):
             (ns,) = m.groups()

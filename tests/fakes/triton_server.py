@@ -26,7 +26,7 @@ What it reproduces exactly (``server:src/http_server.cc``, ``core:src/metrics.cc
 
 Knobs: ``model_control_mode``, ``models`` (name -> state), ``repository`` (names on disk),
 ``load_failures``, ``exiting``, ``pending``, ``success``, ``inference_count``, ``queue_us``, ``request_us``,
-``gpu_used``/``gpu_total`` (None = no GPU metrics), ``trt_llm``, ``trt_waiting``, ``trt_scheduled``,
+``gpu_used``/``gpu_total`` (None = no GPU metrics), ``trt_llm``, ``trt_waiting``, ``trt_scheduled``, ``trt_paused``,
 ``kv_fraction``, :meth:`observe_first_response`, ``garbage_line``, ``nan_metrics``, ``missing_metrics``.
 ``requests`` records (method, path, body) of every request served on the HTTP port.
 """
@@ -100,6 +100,9 @@ class FakeTritonServer(FakeServer):
         self.trt_llm = False
         self.trt_waiting = 0
         self.trt_scheduled = 0
+        self.trt_paused = 0
+        """Requests in TensorRT-LLM's batch manager not scheduled this iteration: counted in
+        ``request_type="active"`` (scheduled + paused), never in ``"waiting"`` (the executor's queue)."""
         self.kv_fraction = 0.0
         self.histogram_latencies = False
         self._first_response: list[float] = []
@@ -222,7 +225,7 @@ class FakeTritonServer(FakeServer):
                 base = {"model": first, "version": self.versions[first]}
                 req = [({**base, "request_type": t}, v) for t, v in (
                     ("waiting", self.trt_waiting), ("context", 0), ("scheduled", self.trt_scheduled), ("max", 512),
-                    ("active", self.trt_waiting + self.trt_scheduled))]
+                    ("active", self.trt_scheduled + self.trt_paused))]
                 family("nv_trt_llm_request_metrics", "gauge", "TRT LLM request metrics", req)
                 kv = [({**base, "kv_cache_block_type": t}, v) for t, v in (
                     ("fraction", self.kv_fraction), ("tokens_per", 64), ("used", round(self.kv_fraction * 1000)),
