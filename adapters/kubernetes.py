@@ -120,6 +120,8 @@ class WorkloadConfig(BaseModel):
     metrics_port: int | None = Field(default=None, ge=1, le=65535, description="Triton default 8002")
     model: str | None = Field(default=None, min_length=1, description="Triton model / MII deployment name")
     grpc_port: int = Field(default=50050, ge=1, le=65535, description="DeepSpeed-MII load-balancer port")
+    meter_port: int | None = Field(default=None, ge=1, le=65535,
+                                   description="DeepSpeed-MII: the pod's mii-meter sidecar (adapters/mii_meter.py)")
 
     @field_validator("deployment")
     @classmethod
@@ -133,6 +135,8 @@ class WorkloadConfig(BaseModel):
     def _engine_fields(self) -> WorkloadConfig:
         if self.engine in ("triton", "deepspeed-mii") and not self.model:
             raise ValueError(f"model: required for engine {self.engine}")
+        if self.meter_port is not None and self.engine != "deepspeed-mii":
+            raise ValueError(f"meter_port: only for engine deepspeed-mii, not {self.engine}")
         if self.engine == "triton" and self.metrics_port is None:
             object.__setattr__(self, "metrics_port", 8002)
         return self
@@ -236,7 +240,8 @@ def default_driver_factory(timeout_s: float) -> DriverFactory:
         if workload.engine == "triton":
             assert workload.model is not None and workload.metrics_port is not None  # config validator
             return TritonDriver(base, f"http://{pod.ip}:{workload.metrics_port}", workload.model, timeout_s)
-        return MiiDriver(f"{base}/mii/{workload.model}", f"{pod.ip}:{workload.grpc_port}", timeout_s)
+        meter = f"http://{pod.ip}:{workload.meter_port}" if workload.meter_port is not None else None
+        return MiiDriver(f"{base}/mii/{workload.model}", f"{pod.ip}:{workload.grpc_port}", timeout_s, meter_url=meter)
 
     return build
 

@@ -200,3 +200,23 @@ def test_malformed_meter_metrics_are_typed_and_never_fake_zeros(
     s = d.sample(IID, DEP, 4_000)
     assert (s.prompt_tokens_per_s, s.unknown) == (100.0, ("kv_usage",))
     assert math.isfinite(s.generation_tokens_per_s)
+
+
+# -- Kubernetes wiring -------------------------------------------------------------------------------------
+def test_a_workload_meter_port_reaches_the_driver() -> None:
+    import pydantic
+
+    from adapters.kubernetes import PodInfo, WorkloadConfig, default_driver_factory
+
+    base = {"deployment": "team-a/code", "namespace": "serving", "kind": "Deployment", "name": "code-mii",
+            "engine": "deepspeed-mii", "port": 8000, "model": "code"}
+    pod = PodInfo(name="code-mii-0", resource_version="1", ip="10.0.0.7", phase="Running", ready=True,
+                  waiting_reason=None, instance_id="i-1", deleting=False, created="", ordinal=None)
+    build = default_driver_factory(2.0)
+    metered = build(WorkloadConfig(**base, meter_port=8080), pod)
+    assert (metered.meter_url, metered.rest_url) == ("http://10.0.0.7:8080", "http://10.0.0.7:8000/mii/code")
+    assert build(WorkloadConfig(**base), pod).meter_url is None
+    with pytest.raises(pydantic.ValidationError, match="meter_port"):
+        WorkloadConfig(**{**base, "engine": "vllm", "model": None}, meter_port=8080)
+    with pytest.raises(pydantic.ValidationError, match="meter_port"):
+        WorkloadConfig(**base, meter_port=0)
