@@ -174,6 +174,12 @@ class _Server(ThreadingHTTPServer):
     allow_reuse_address = True
     meter: MiiMeter
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away mid-reply (or any handler error): one event, no traceback on stderr."""
+        import sys
+
+        log.warning("mii_meter.client_error", client=str(client_address), error=repr(sys.exc_info()[1]))
+
 
 class MiiMeter:
     """The meter's HTTP server. :meth:`start` binds and serves in a thread; :meth:`stop` closes it."""
@@ -284,6 +290,11 @@ class _TooLarge(Exception):
     pass
 
 
+def _plain_path(path: str) -> bool:
+    """No ``.`` / ``..`` segment, literal or percent-encoded: ``/mii/../terminate`` must not reach the gateway."""
+    return not any(seg in (".", "..") for seg in urllib.parse.unquote(path).split("/"))
+
+
 def _bound(sock: Any, deadline: float) -> None:
     """The next socket operation may take at most what is left of ``deadline``."""
     left = _left(deadline)
@@ -349,7 +360,7 @@ class _Handler(BaseHTTPRequestHandler):
         if path == "/healthz" and self.command == "GET":
             self._proxy(metered=False)
             return
-        if path.startswith("/mii/"):
+        if path.startswith("/mii/") and _plain_path(path):
             self._proxy(metered=True)
             return
         self._drain_body()

@@ -106,6 +106,9 @@ def test_terminate_and_unknown_paths_are_not_forwarded(fake: FakeMiiServer, mete
     status, body, _ = http_call(meter.url + "/terminate")
     assert status == 404 and b"/terminate" in body
     assert http_call(meter.url + "/v1/completions", "POST", b"{}", "application/json")[0] == 404
+    for sneaky in ("/mii/../terminate", "/mii/%2e%2e/terminate", "/mii/./x"):
+        assert raw_request(meter.port, f"GET {sneaky} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                           .encode()).startswith(b"HTTP/1.1 404 ")
     assert len(fake.requests) == seen
 
 
@@ -153,6 +156,21 @@ def test_a_concurrency_bound_makes_the_rest_wait_at_the_meter(fake: FakeMiiServe
         assert (m["controlplane_mii_requests_running"], m["controlplane_mii_requests_waiting"]) == (0, 0)
     finally:
         meter.stop()
+
+
+def test_a_client_that_goes_away_mid_request_leaves_the_counts_right(fake: FakeMiiServer, meter: MiiMeter,
+                                                                     capfd: pytest.CaptureFixture[str]) -> None:
+    fake.hold = threading.Event()
+    body = b'{"prompts":["q"]}'
+    sock = socket.create_connection(("127.0.0.1", meter.port), timeout=3)
+    sock.sendall(b"POST /mii/mii-llama HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    wait_until(lambda: fake.held == 1, 5.0, "the generate held in the fake")
+    sock.close()
+    fake.hold.set()
+    wait_until(lambda: metrics(meter)["controlplane_mii_requests_running"] == 0, 5.0, "running back to 0")
+    assert post(meter.url, body)[0] == 200  # still serving
+    assert "Traceback" not in capfd.readouterr().err
 
 
 # -- bounds and failures ----------------------------------------------------------------------------
