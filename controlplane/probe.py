@@ -15,7 +15,9 @@ Engines and what one read means:
   ``http://HOST:PORT/mii/DEPLOYMENT``, ``--grpc-address`` = the gRPC load balancer, default
   ``HOST:50050``): one probe = LB port accepts + a tiny generate. ``healthy`` = ``ready`` = the probe
   succeeded (a 5xx from the gateway reports both ``false``); ``ttft_p99_ms`` is the probe's latency
-  (a proxy, see the driver); running/waiting/KV are unknown (listed in ``unknown``).
+  (a proxy, see the driver); running/waiting/KV are unknown (listed in ``unknown``). With
+  ``--meter-url`` (the pod's ``mii-meter`` sidecar) running/waiting come from one meter scrape; token
+  rates need two, so they stay in ``unknown``.
 
 Errors become one :class:`ProbeFailed` line: ``<engine> at <url>: unreachable: connection refused``
 (the engine is loading or down), ``... unreachable: timed out after Ns``, or ``<engine> at <url>: <what
@@ -73,7 +75,8 @@ def _reason(exc: BaseException, timeout_s: float) -> str:
 
 
 def probe(engine: str, url: str, *, metrics_url: str | None = None, model: str | None = None,
-          grpc_address: str | None = None, timeout_s: float = 5.0, now_ms: int = 0) -> dict[str, Any]:
+          grpc_address: str | None = None, timeout_s: float = 5.0, now_ms: int = 0,
+          meter_url: str | None = None) -> dict[str, Any]:
     """One read of ``engine`` at ``url``; the observation as a JSON-able dict, or :class:`ProbeFailed`."""
     if engine not in ENGINES:
         raise ValidationError("--engine", f"must be one of {', '.join(ENGINES)}, got {engine!r}")
@@ -84,7 +87,7 @@ def probe(engine: str, url: str, *, metrics_url: str | None = None, model: str |
             return _vllm(url, model, timeout_s, now_ms)
         if engine == "triton":
             return _triton(url, metrics_url, model, timeout_s, now_ms)
-        return _mii(url, grpc_address, timeout_s, now_ms)
+        return _mii(url, grpc_address, timeout_s, now_ms, meter_url)
     except Unavailable as exc:
         raise EngineUnreachable(f"{engine} at {url}: unreachable: {_reason(exc, timeout_s)}") from exc
     except ControlPlaneError as exc:
@@ -144,13 +147,14 @@ def _triton(url: str, metrics_url: str | None, model: str | None, timeout_s: flo
     return _observation("triton", url, healthy, ready, sample, unknown, stats)
 
 
-def _mii(url: str, grpc_address: str | None, timeout_s: float, now_ms: int) -> dict[str, Any]:
+def _mii(url: str, grpc_address: str | None, timeout_s: float, now_ms: int,
+         meter_url: str | None = None) -> dict[str, Any]:
     from adapters.deepspeed_mii import MiiDriver, UnexpectedResponse
 
     if grpc_address is None:
         host = urllib.parse.urlsplit(url).hostname or ""
         grpc_address = f"{host}:{MII_DEFAULT_GRPC_PORT}"
-    driver = MiiDriver(url, grpc_address, timeout_s)
+    driver = MiiDriver(url, grpc_address, timeout_s, meter_url=meter_url)
     try:
         sample = driver.sample(PROBE_INSTANCE, PROBE_DEPLOYMENT, now_ms)
     except UnexpectedResponse as exc:
@@ -159,7 +163,10 @@ def _mii(url: str, grpc_address: str | None, timeout_s: float, now_ms: int) -> d
         sample = None  # the gateway lives but generate fails behind it: not healthy, not ready
     stats = driver.statistics()
     ok = sample is not None
-    return _observation("deepspeed-mii", url, ok, ok, sample, list(stats["missing"]), stats)
+    unknown = list(stats["missing"])
+    if meter_url is not None and sample is not None:
+        unknown = sorted(set(sample.unknown) | set(stats["missing"]))
+    return _observation("deepspeed-mii", url, ok, ok, sample, unknown, stats)
 
 
 def run_cli(args: Any) -> int:
@@ -168,7 +175,8 @@ def run_cli(args: Any) -> int:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL),
                         logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     obs = probe(args.engine, args.url, metrics_url=args.metrics_url, model=args.model,
-                grpc_address=args.grpc_address, timeout_s=args.timeout)
+                grpc_address=args.grpc_address, timeout_s=args.timeout,
+                meter_url=args.meter_url)
     if args.json:
         print(json.dumps(obs, indent=2, sort_keys=True))
     else:

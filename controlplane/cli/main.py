@@ -174,6 +174,7 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("--metrics-url", default=None, metavar="URL", help="Triton metrics port (required for triton)")
     pr.add_argument("--model", default=None, metavar="NAME", help="vLLM model_name filter; Triton model (required)")
     pr.add_argument("--grpc-address", default=None, metavar="HOST:PORT", help="MII gRPC load balancer (default URL host:50050)")
+    pr.add_argument("--meter-url", default=None, metavar="URL", help="MII: the pod's mii-meter sidecar http://HOST:PORT")
     pr.add_argument("--timeout", type=float, default=5.0, help="per-request deadline in seconds (default 5)")
     pr.add_argument("--json", action="store_true", help="print the observation as JSON")
     mm = sub.add_parser("mii-meter", help="request meter sidecar for a DeepSpeed-MII pod: forwards /mii/<name> and "
