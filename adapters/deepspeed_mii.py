@@ -309,14 +309,8 @@ class MiiDriver:
         """One ``GET {meter_url}/metrics``; the new baseline for token rates. :class:`MetricsMalformed`
         naming the metric, :class:`Unavailable` (no answer) or :class:`UnexpectedResponse` (not 200)
         otherwise, each counted and logged once (``mii.meter_failed``); the baseline is kept then."""
-        if self.meter_url is None:
-            raise ValidationError("meter_url", "this driver has no meter")
-        url = self.meter_url + "/metrics"
         try:
-            status, body, _ = http_request(METER, "GET", url, timeout_s=self.timeout_s, max_bytes=MAX_RESPONSE_BYTES)
-            if status != 200:
-                raise UnexpectedResponse(f"{METER} {url}: HTTP {status}", status=status)
-            reading = parse_meter(body, now_ms)
+            reading = self._read_meter(now_ms)
         except (MetricsMalformed, Unavailable, UnexpectedResponse) as exc:
             with self._lock:
                 self._stats.meter_failures += 1
@@ -330,17 +324,22 @@ class MiiDriver:
             self._stats.meter_scrapes += 1
         return reading
 
+    def _read_meter(self, now_ms: int) -> MeterReading:
+        if self.meter_url is None:
+            raise ValidationError("meter_url", "this driver has no meter")
+        url = self.meter_url + "/metrics"
+        status, body, _ = http_request(METER, "GET", url, timeout_s=self.timeout_s, max_bytes=MAX_RESPONSE_BYTES)
+        if status != 200:
+            raise UnexpectedResponse(f"{METER} {url}: HTTP {status}", status=status)
+        return parse_meter(body, now_ms)
+
     def in_flight(self) -> int | None:
         """Requests the pod holds now: the meter's running + waiting, from one scrape. None without a
         meter, or when the meter cannot be read (MII itself cannot tell)."""
         if self.meter_url is None:
             return None
-        url = self.meter_url + "/metrics"
         try:
-            status, body, _ = http_request(METER, "GET", url, timeout_s=self.timeout_s, max_bytes=MAX_RESPONSE_BYTES)
-            if status != 200:
-                raise UnexpectedResponse(f"{METER} {url}: HTTP {status}", status=status)
-            reading = parse_meter(body, 0)
+            reading = self._read_meter(0)
         except (MetricsMalformed, Unavailable, UnexpectedResponse) as exc:
             log.warning("mii.meter_failed", meter_url=self.meter_url, problem=str(exc), during="in_flight")
             return None

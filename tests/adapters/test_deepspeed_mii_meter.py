@@ -145,6 +145,17 @@ def test_a_meter_that_does_not_answer_leaves_the_load_unknown(fake: FakeMiiServe
     assert d.statistics()["meter_failures"] == 2
 
 
+def test_a_meter_url_that_is_not_a_meter_leaves_the_load_unknown(fake: FakeMiiServer) -> None:
+    from adapters.deepspeed_mii import UnexpectedResponse
+
+    d = driver(fake, f"http://127.0.0.1:{fake.rest_port}")  # the gateway itself: /metrics is Flask's 404
+    with pytest.raises(UnexpectedResponse) as caught:
+        d.scrape_meter(0)
+    assert caught.value.status == 404
+    s = d.sample(IID, DEP, 1_000)
+    assert s.healthy and s.unknown == ALL_UNKNOWN
+
+
 def test_a_bad_meter_url_names_the_field(fake: FakeMiiServer) -> None:
     for bad in ("127.0.0.1:8080", "http://h:1/metrics", "ftp://h:1"):
         with pytest.raises(ValidationError, match="meter_url"):
