@@ -146,7 +146,8 @@ def test_a_concurrency_bound_makes_the_rest_wait_at_the_meter(fake: FakeMiiServe
         answers: list[int] = []
         threads = in_background(lambda: answers.append(post(meter.url, b'{"prompts":["q"]}')[0]), 3)
         wait_until(lambda: metrics(meter)["controlplane_mii_requests_waiting"] == 2, 5.0, "2 waiting")
-        assert fake.held == 1
+        wait_until(lambda: fake.held == 1, 5.0, "the one with the slot held in the fake")
+        assert metrics(meter)["controlplane_mii_requests_waiting"] == 2
         assert metrics(meter)["controlplane_mii_requests_running"] == 1
         fake.hold.set()
         for t in threads:
