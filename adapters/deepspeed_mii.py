@@ -1,11 +1,13 @@
 """Driver for one DeepSpeed-MII 0.3.3 deployment (``shared/design/CONTRACTS.md`` section 3).
 
-``MiiDriver(rest_url, grpc_address, timeout_s)``:
+``MiiDriver(rest_url, grpc_address, timeout_s, meter_url=None)``:
 
 * ``rest_url`` is the REST gateway URL exactly as ``docs/source/rest.rst`` writes it,
   ``http://{HOST}:{RESTFUL_API_PORT}/mii/{DEPLOYMENT_NAME}`` (default port 51080; the gateway exists only
   with ``enable_restful_api=True``);
-* ``grpc_address`` is ``HOST:PORT`` of MII's gRPC **load balancer** (``port_number``, default 50050).
+* ``grpc_address`` is ``HOST:PORT`` of MII's gRPC **load balancer** (``port_number``, default 50050);
+* ``meter_url`` is ``http://HOST:PORT`` of the pod's request meter (:mod:`adapters.mii_meter`, the
+  ``controlplane mii-meter`` sidecar that client traffic passes through), or None where there is none.
 
 Why no health endpoint is used for readiness: MII has no ``grpc.health.v1`` service and no metrics
 endpoint, and the health routes that exist (gateway ``GET /healthz`` -> ``ok``, the FastAPI servers'
@@ -29,27 +31,47 @@ Errors are translated at the boundary:
   ``ready()`` returns ``False``; :meth:`MiiDriver.sample` raises :class:`UnexpectedResponse`;
 * any other status, or a 200 body that is not the list above -> :class:`UnexpectedResponse`.
 
-Metrics (:meth:`MiiDriver.sample`). MII exports nothing, so:
+Metrics (:meth:`MiiDriver.sample`). MII itself exports nothing, so:
 
-* ``ttft_p99_ms`` is a **proxy**: the wall-clock milliseconds of the one probe generate above, from
+* ``ttft_p99_ms`` is always a **proxy**: the wall-clock milliseconds of the one probe generate above, from
   sending the HTTP request to reading the whole response (non-streaming, one generated token, a
   one-word prompt). It **includes** HTTP + Flask + the gRPC load-balancer hop + queueing in the replica's
   scheduler + prefill of a tiny prompt + one decode step + detokenisation. It is **not** a p99 (it is one
   observation), **not** the TTFT of real traffic (real prompts prefill longer; streaming clients see the
   first token earlier than a whole response), and it **adds** one request of load per sample. What it
-  does track is queueing delay: under load a new request waits, and so does the probe.
-* ``running``, ``waiting``, ``kv_usage``, token rates and GPU memory are **unknown** and reported as 0;
-  :meth:`MiiDriver.statistics` says so (``metrics_endpoint: False``, ``missing`` lists the fields,
-  ``ttft_source: "probe_latency"``). A scaler must not read those zeros as "idle": scale MII on the
-  probe latency (and replica counts), not on queue depth.
+  does track is queueing delay: under load a new request waits, and so does the probe. The meter's
+  latency histogram is **not** used for it: MII's REST gateway answers non-streaming, so the meter sees
+  the time to the *whole* reply (prefill + every decode step), which grows with the reply length, not
+  with the wait for a first token; as a TTFT it would ask for replicas whenever replies are long. Its
+  p99 is in :meth:`MiiDriver.statistics` (``meter_request_p99_ms``) for operators.
+* **With a meter** (``meter_url``), one ``GET {meter_url}/metrics`` per sample, parsed with
+  ``prometheus_client.parser``: ``running`` = ``controlplane_mii_requests_running`` (requests the
+  gateway holds: MII's running batch *and* its internal queue, which the meter cannot tell apart),
+  ``waiting`` = ``controlplane_mii_requests_waiting`` (requests waiting at the meter for a slot; 0
+  unless the meter bounds concurrency), token rates = deltas of ``controlplane_mii_prompt_tokens_total``
+  / ``controlplane_mii_generation_tokens_total`` over the ``now_ms`` between two successful scrapes (a
+  counter that went down, a meter restart, counts from zero). ``unknown`` is ``("kv_usage",)``, plus
+  the two token rates on the first scrape (no baseline yet: a 0 rate there would be a fake idle).
+  Malformed meter metrics (unparseable text, a family missing, NaN/infinite, negative, a count out of
+  the int32 range, the latency histogram without ``+Inf``) raise :class:`MetricsMalformed` naming the
+  metric from :meth:`MiiDriver.scrape_meter`; :meth:`MiiDriver.sample` turns that (and a meter that
+  does not answer) into the sample *without* a meter below, so the engine, whose probe succeeded,
+  stays healthy while its load is reported unknown, never as fake zeros. A failed scrape keeps the
+  previous baseline.
+* **Without a meter**, ``running``, ``waiting``, ``kv_usage`` and the token rates are 0 and listed in
+  ``InstanceSample.unknown`` (every :data:`~controlplane.domain.engines.LOAD_FIELDS` name): the core
+  never scales down on them (the zeros once took a loaded MII deployment from 6 replicas to 1).
+* GPU memory is never known (0). :meth:`MiiDriver.statistics` says which case holds
+  (``metrics_endpoint``, ``missing``, ``ttft_source: "probe_latency"``, ``meter_url``).
 
 Every failure is one structlog event (``mii.unreachable``, ``mii.rejected``, ``mii.unexpected``,
-``mii.not_ready``); a successful sample logs ``mii.probe`` at debug level.
+``mii.not_ready``, ``mii.meter_failed``); a successful sample logs ``mii.probe`` at debug level.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import socket
 import threading
@@ -60,22 +82,33 @@ from typing import Any
 
 import structlog
 
+from adapters import engine_http
 from adapters.engine_http import (
+    Buckets,
     EngineRejected,
+    MetricsMalformed,
     UnexpectedResponse,
+    check_count,
     count_unreachable,
+    counter_delta,
+    cumulative_buckets,
+    histogram_delta_quantile,
     http_request,
     unreachable_reason,
 )
+from adapters.mii_meter import METRICS as METER_METRICS
+from controlplane.domain.engines import LOAD_FIELDS
 from controlplane.domain.errors import Unavailable, ValidationError
 from controlplane.domain.ids import DeploymentId, InstanceId
 from controlplane.domain.observations import InstanceSample
 
-__all__ = ["MISSING_FIELDS", "EngineRejected", "MiiDriver", "ProbeResult", "UnexpectedResponse", "parse_address"]
+__all__ = ["METER_MISSING_FIELDS", "MISSING_FIELDS", "EngineRejected", "MeterReading", "MetricsMalformed", "MiiDriver",
+           "ProbeResult", "UnexpectedResponse", "parse_address"]
 
 log = structlog.get_logger("adapters.deepspeed_mii")
 
 ENGINE = "DeepSpeed-MII"
+METER = "DeepSpeed-MII meter"
 
 MAX_RESPONSE_BYTES = 1024 * 1024
 PROBE_PROMPT = "ping"
@@ -84,7 +117,13 @@ PROBE_BODY: dict[str, Any] = {"prompts": [PROBE_PROMPT], "max_new_tokens": 1}
 FINISH_REASONS = ("stop", "length", "none")
 MISSING_FIELDS = ("running", "waiting", "kv_usage", "prompt_tokens_per_s", "generation_tokens_per_s",
                   "gpu_mem_used_bytes", "gpu_mem_total_bytes")
-"""InstanceSample fields MII cannot supply (no metrics endpoint); reported as 0."""
+"""InstanceSample fields MII cannot supply without its meter (no metrics endpoint); reported as 0."""
+METER_MISSING_FIELDS = ("kv_usage", "gpu_mem_used_bytes", "gpu_mem_total_bytes")
+"""InstanceSample fields the meter cannot supply either (it sees requests, not the KV cache or GPUs)."""
+UNKNOWN_WITHOUT_METER = tuple(sorted(LOAD_FIELDS))
+UNKNOWN_WITH_METER = ("kv_usage",)
+UNKNOWN_FIRST_SCRAPE = tuple(sorted(("kv_usage", "prompt_tokens_per_s", "generation_tokens_per_s")))
+METER_P99 = 0.99
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +137,18 @@ class ProbeResult:
     finish_reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class MeterReading:
+    """One scrape of the meter (``at_ms`` = the ``now_ms`` it was taken at)."""
+
+    at_ms: int
+    running: int
+    waiting: int
+    prompt_tokens: float
+    generation_tokens: float
+    duration: Buckets
+
+
 @dataclass(slots=True)
 class DriverStatistics:
     probes: int = 0
@@ -106,6 +157,9 @@ class DriverStatistics:
     unexpected: int = 0
     last_error: str = ""
     last_probe_ms: float | None = None
+    meter_scrapes: int = 0
+    meter_failures: int = 0
+    meter_request_p99_ms: float | None = None
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -119,7 +173,7 @@ def parse_address(address: str) -> tuple[str, int]:
 class MiiDriver:
     """One MII deployment (REST gateway + gRPC load balancer). Thread-safe."""
 
-    def __init__(self, rest_url: str, grpc_address: str, timeout_s: float) -> None:
+    def __init__(self, rest_url: str, grpc_address: str, timeout_s: float, meter_url: str | None = None) -> None:
         if timeout_s <= 0:
             raise ValidationError("timeout_s", "must be > 0")
         parts = urllib.parse.urlsplit(rest_url.rstrip("/"))
@@ -133,8 +187,10 @@ class MiiDriver:
         self.grpc_address = grpc_address
         self._grpc = parse_address(grpc_address)
         self.timeout_s = timeout_s
+        self.meter_url = _meter_url(meter_url) if meter_url is not None else None
         self._lock = threading.Lock()
         self._stats = DriverStatistics()
+        self._previous: MeterReading | None = None
 
     # -- boundary -------------------------------------------------------------------------------
     def _note_unreachable(self, where: str, reason: object) -> None:
@@ -218,28 +274,91 @@ class MiiDriver:
         return True
 
     def sample(self, instance_id: InstanceId, deployment: DeploymentId, now_ms: int) -> InstanceSample:
-        """One probe; its latency is the TTFT proxy. Everything MII cannot export is 0 (see module doc)."""
+        """One probe (its latency is the TTFT proxy), then the meter's load where there is a meter;
+        every load field MII cannot supply is 0 and named in ``unknown`` (see the module doc)."""
         result = self.probe()
+        unknown: tuple[str, ...] = UNKNOWN_WITHOUT_METER
+        running = waiting = 0
+        prompt_rate = gen_rate = 0.0
+        if self.meter_url is not None:
+            try:
+                with self._lock:
+                    previous = self._previous
+                reading = self.scrape_meter(now_ms)
+            except (MetricsMalformed, Unavailable, UnexpectedResponse):
+                pass  # counted and logged by scrape_meter: the load is unknown this sample
+            else:
+                running, waiting = reading.running, reading.waiting
+                if previous is not None and reading.at_ms > previous.at_ms:
+                    seconds = (reading.at_ms - previous.at_ms) / 1000.0
+                    prompt_rate = counter_delta(previous.prompt_tokens, reading.prompt_tokens) / seconds
+                    gen_rate = counter_delta(previous.generation_tokens, reading.generation_tokens) / seconds
+                    unknown = UNKNOWN_WITH_METER
+                    p99 = histogram_delta_quantile(METER_P99, previous.duration, reading.duration)
+                    with self._lock:
+                        self._stats.meter_request_p99_ms = None if p99 is None else p99 * 1000.0
+                else:
+                    unknown = UNKNOWN_FIRST_SCRAPE
         return InstanceSample(
             instance_id=instance_id, deployment=deployment, at_ms=now_ms,
-            running=0, waiting=0, kv_usage=0.0, prompt_tokens_per_s=0.0, generation_tokens_per_s=0.0,
-            ttft_p99_ms=result.latency_ms,
+            running=running, waiting=waiting, kv_usage=0.0, prompt_tokens_per_s=prompt_rate,
+            generation_tokens_per_s=gen_rate, ttft_p99_ms=result.latency_ms, unknown=unknown,
         )
+
+    def scrape_meter(self, now_ms: int) -> MeterReading:
+        """One ``GET {meter_url}/metrics``; the new baseline for token rates. :class:`MetricsMalformed`
+        naming the metric, :class:`Unavailable` (no answer) or :class:`UnexpectedResponse` (not 200)
+        otherwise, each counted and logged once (``mii.meter_failed``); the baseline is kept then."""
+        try:
+            reading = self._read_meter(now_ms)
+        except (MetricsMalformed, Unavailable, UnexpectedResponse) as exc:
+            with self._lock:
+                self._stats.meter_failures += 1
+                self._stats.last_error = str(exc)
+            log.warning("mii.meter_failed", meter_url=self.meter_url, problem=str(exc),
+                        field=getattr(exc, "field", None))
+            raise
+        with self._lock:
+            if self._previous is None or now_ms >= self._previous.at_ms:
+                self._previous = reading
+            self._stats.meter_scrapes += 1
+        return reading
+
+    def _read_meter(self, now_ms: int) -> MeterReading:
+        if self.meter_url is None:
+            raise ValidationError("meter_url", "this driver has no meter")
+        url = self.meter_url + "/metrics"
+        status, body, _ = http_request(METER, "GET", url, timeout_s=self.timeout_s, max_bytes=MAX_RESPONSE_BYTES)
+        if status != 200:
+            raise UnexpectedResponse(f"{METER} {url}: HTTP {status}", status=status)
+        return parse_meter(body, now_ms)
+
+    def in_flight(self) -> int | None:
+        """Requests the pod holds now: the meter's running + waiting, from one scrape. None without a
+        meter, or when the meter cannot be read (MII itself cannot tell)."""
+        if self.meter_url is None:
+            return None
+        try:
+            reading = self._read_meter(0)
+        except (MetricsMalformed, Unavailable, UnexpectedResponse) as exc:
+            log.warning("mii.meter_failed", meter_url=self.meter_url, problem=str(exc), during="in_flight")
+            return None
+        return reading.running + reading.waiting
 
     def statistics(self) -> dict[str, Any]:
         with self._lock:
             s = self._stats
+            metered = self.meter_url is not None
             return {"probes": s.probes, "unreachable": s.unreachable, "rejected": s.rejected,
                     "unexpected": s.unexpected, "last_error": s.last_error, "last_probe_ms": s.last_probe_ms,
-                    "metrics_endpoint": False, "missing": list(MISSING_FIELDS), "ttft_source": "probe_latency"}
+                    "metrics_endpoint": metered, "meter_url": self.meter_url,
+                    "missing": list(METER_MISSING_FIELDS if metered else MISSING_FIELDS),
+                    "ttft_source": "probe_latency", "meter_scrapes": s.meter_scrapes,
+                    "meter_failures": s.meter_failures, "meter_request_p99_ms": s.meter_request_p99_ms}
 
-    # -- EngineDriver (adapters/engines.py) -----------------------------------------------------
+    # -- EngineDriver (adapters/engines.py); in_flight is above, with the meter -----------------
     def is_ready(self) -> bool:
         return self.ready()
-
-    def in_flight(self) -> int | None:
-        """None: MII exports no request counts (its load is metered where the requests pass)."""
-        return None
 
     def warm_down(self) -> None:
         raise ValidationError("action", "engine deepspeed-mii has no sleep mode (its only warm path is a restart "
@@ -247,6 +366,44 @@ class MiiDriver:
 
     def warm_up(self) -> None:
         raise ValidationError("action", "engine deepspeed-mii has no sleep mode, so nothing to wake")
+
+
+def _meter_url(url: str) -> str:
+    parts = urllib.parse.urlsplit(url.rstrip("/"))
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.path or parts.query:
+        raise ValidationError("meter_url", f"{url!r} is not http://HOST:PORT (the mii-meter sidecar)")
+    return url.rstrip("/")
+
+
+def parse_meter(body: bytes, at_ms: int) -> MeterReading:
+    """The meter's ``/metrics`` page as a :class:`MeterReading`; :class:`MetricsMalformed` naming the
+    metric when a family is missing, a value is NaN/infinite/negative or a count is out of range, or
+    the latency histogram has no ``+Inf`` bucket."""
+    families = engine_http.parse_exposition(body, engine=METER)
+    by_name: dict[str, list[Any]] = {}
+    for samples in families.values():  # by sample name: the TYPE line may name a counter with or without _total
+        for sample in samples:
+            by_name.setdefault(sample.name, []).append(sample)
+
+    def value(sample_name: str) -> float:
+        values = [float(s.value) for s in by_name.get(sample_name, [])]
+        if not values:
+            raise MetricsMalformed(sample_name, "missing", engine=METER)
+        total = math.fsum(values)
+        if not all(math.isfinite(v) and v >= 0 for v in values):
+            raise MetricsMalformed(sample_name, f"{values} is not finite and >= 0", engine=METER)
+        return total
+
+    running = check_count(METER_METRICS["running"], value(METER_METRICS["running"]), engine=METER)
+    waiting = check_count(METER_METRICS["waiting"], value(METER_METRICS["waiting"]), engine=METER)
+    prompt = value(METER_METRICS["prompt_tokens"] + "_total")
+    generation = value(METER_METRICS["generation_tokens"] + "_total")
+    duration_name = METER_METRICS["duration"]
+    bucket_samples = [(s.labels, float(s.value)) for s in by_name.get(duration_name + "_bucket", [])]
+    buckets = cumulative_buckets(bucket_samples)
+    if buckets is None or any(count < 0 for _, count in buckets):
+        raise MetricsMalformed(duration_name, "missing, NaN, negative or without a +Inf bucket", engine=METER)
+    return MeterReading(at_ms, running, waiting, prompt, generation, buckets)
 
 
 def _text(body: bytes) -> str:

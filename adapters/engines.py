@@ -86,6 +86,9 @@ class DriverAddress:
     """DeepSpeed-MII's gRPC load balancer ``HOST:PORT`` (None: the base URL's host, port 50050)."""
     sleep_level: int = VLLM_SLEEP_LEVEL
     """vLLM's sleep level for ``warm_down`` (the product's ``start_tiers.VLLM_SLEEP_LEVEL``)."""
+    meter_url: str | None = None
+    """DeepSpeed-MII: ``http://HOST:PORT`` of the pod's request meter (:mod:`adapters.mii_meter`);
+    None: MII's load is unknown."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +122,7 @@ def _mii(a: DriverAddress) -> EngineDriver:
     base = a.base_url.rstrip("/")
     rest_url = base if a.model is None else f"{base}/mii/{urllib.parse.quote(a.model, safe='')}"
     grpc = a.grpc_address or f"{urllib.parse.urlsplit(base).hostname or ''}:{MII_DEFAULT_GRPC_PORT}"
-    return MiiDriver(rest_url, grpc, a.timeout_s)
+    return MiiDriver(rest_url, grpc, a.timeout_s, meter_url=a.meter_url)
 
 
 REGISTRY: Mapping[Engine, EngineEntry] = MappingProxyType({

@@ -68,6 +68,8 @@ class WorkloadConfig(BaseModel):
     metrics_port: int | None = Field(default=None, ge=1, le=65535, description="Triton default 8002")
     model: str | None = Field(default=None, min_length=1, description="Triton model / MII deployment name")
     grpc_port: int = Field(default=50050, ge=1, le=65535, description="DeepSpeed-MII load-balancer port")
+    meter_port: int | None = Field(default=None, ge=1, le=65535,
+                                   description="DeepSpeed-MII: the pod's mii-meter sidecar (adapters/mii_meter.py)")
 
     @field_validator("deployment")
     @classmethod
@@ -82,6 +84,8 @@ class WorkloadConfig(BaseModel):
         e = engine_entry(self.engine)
         if e.model_required and not self.model:
             raise ValueError(f"model: required for engine {self.engine.value}")
+        if self.meter_port is not None and self.engine is not Engine.DEEPSPEED_MII:
+            raise ValueError(f"meter_port: only for engine deepspeed-mii, not {self.engine.value}")
         if self.metrics_port is None and e.default_metrics_port is not None:
             object.__setattr__(self, "metrics_port", e.default_metrics_port)
         return self
@@ -90,7 +94,8 @@ class WorkloadConfig(BaseModel):
         """Where this workload's engine listens in the pod at ``host``."""
         return DriverAddress(base_url=f"http://{host}:{self.port}", timeout_s=timeout_s, model=self.model,
                              metrics_url=None if self.metrics_port is None else f"http://{host}:{self.metrics_port}",
-                             grpc_address=f"{host}:{self.grpc_port}")
+                             grpc_address=f"{host}:{self.grpc_port}",
+                             meter_url=None if self.meter_port is None else f"http://{host}:{self.meter_port}")
 
 
 class KubernetesConfig(BaseModel):

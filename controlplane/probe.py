@@ -15,7 +15,9 @@ Engines and what one read means:
   ``http://HOST:PORT/mii/DEPLOYMENT``, ``--grpc-address`` = the gRPC load balancer, default
   ``HOST:50050``): one probe = LB port accepts + a tiny generate. ``healthy`` = ``ready`` = the probe
   succeeded (a 5xx from the gateway reports both ``false``); ``ttft_p99_ms`` is the probe's latency
-  (a proxy, see the driver); running/waiting/KV are unknown (listed in ``unknown``).
+  (a proxy, see the driver); running/waiting/KV are unknown (listed in ``unknown``). With
+  ``--meter-url`` (the pod's ``mii-meter`` sidecar) running/waiting come from one meter scrape; token
+  rates need two, so they stay in ``unknown``.
 
 Errors become one :class:`ProbeFailed` line: ``<engine> at <url>: unreachable: connection refused``
 (the engine is loading or down), ``... unreachable: timed out after Ns``, or ``<engine> at <url>: <what
@@ -75,14 +77,15 @@ def _reason(exc: BaseException, timeout_s: float) -> str:
 
 
 def probe(engine: str, url: str, *, metrics_url: str | None = None, model: str | None = None,
-          grpc_address: str | None = None, timeout_s: float = 5.0, now_ms: int = 0) -> dict[str, Any]:
+          grpc_address: str | None = None, timeout_s: float = 5.0, now_ms: int = 0,
+          meter_url: str | None = None) -> dict[str, Any]:
     """One read of ``engine`` at ``url``; the observation as a JSON-able dict, or :class:`ProbeFailed`."""
     if engine not in ENGINES:
         raise ValidationError("--engine", f"must be one of {', '.join(ENGINES)}, got {engine!r}")
     if timeout_s <= 0:
         raise ValidationError("--timeout", f"must be > 0, got {timeout_s}")
     try:
-        return _READERS[Engine(engine)](url, metrics_url, model, grpc_address, timeout_s, now_ms)
+        return _READERS[Engine(engine)](url, metrics_url, model, grpc_address, timeout_s, now_ms, meter_url)
     except Unavailable as exc:
         raise EngineUnreachable(f"{engine} at {url}: unreachable: {_reason(exc, timeout_s)}") from exc
     except ControlPlaneError as exc:
@@ -161,7 +164,10 @@ def _mii(url: str, _metrics_url: str | None, _model: str | None, grpc_address: s
         sample = None  # the gateway lives but generate fails behind it: not healthy, not ready
     stats = driver.statistics()
     ok = sample is not None
-    return _observation("deepspeed-mii", url, ok, ok, sample, list(stats["missing"]), stats)
+    unknown = list(stats["missing"])
+    if meter_url is not None and sample is not None:
+        unknown = sorted(set(sample.unknown) | set(stats["missing"]))
+    return _observation("deepspeed-mii", url, ok, ok, sample, unknown, stats)
 
 
 _READERS: dict[Engine, Callable[[str, str | None, str | None, str | None, float, int], dict[str, Any]]] = {
@@ -176,7 +182,8 @@ def run_cli(args: Any) -> int:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL),
                         logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     obs = probe(args.engine, args.url, metrics_url=args.metrics_url, model=args.model,
-                grpc_address=args.grpc_address, timeout_s=args.timeout)
+                grpc_address=args.grpc_address, timeout_s=args.timeout,
+                meter_url=args.meter_url)
     if args.json:
         print(json.dumps(obs, indent=2, sort_keys=True))
     else:

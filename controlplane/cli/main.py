@@ -178,8 +178,17 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("--metrics-url", default=None, metavar="URL", help="Triton metrics port (required for triton)")
     pr.add_argument("--model", default=None, metavar="NAME", help="vLLM model_name filter; Triton model (required)")
     pr.add_argument("--grpc-address", default=None, metavar="HOST:PORT", help="MII gRPC load balancer (default URL host:50050)")
+    pr.add_argument("--meter-url", default=None, metavar="URL", help="MII: the pod's mii-meter sidecar http://HOST:PORT")
     pr.add_argument("--timeout", type=float, default=5.0, help="per-request deadline in seconds (default 5)")
     pr.add_argument("--json", action="store_true", help="print the observation as JSON")
+    mm = sub.add_parser("mii-meter", help="request meter sidecar for a DeepSpeed-MII pod: forwards /mii/<name> and "
+                                          "/healthz to the REST gateway, serves what it counted on /metrics")
+    mm.add_argument("--listen", required=True, metavar="HOST:PORT", help="where the meter listens (:PORT = all)")
+    mm.add_argument("--upstream", required=True, metavar="URL", help="MII REST gateway, e.g. http://127.0.0.1:51080")
+    mm.add_argument("--timeout", type=float, default=300.0, help="deadline of one gateway exchange, s (default 300)")
+    mm.add_argument("--max-request-bytes", type=int, default=1024 * 1024, help="larger bodies get 413 (default 1 MiB)")
+    mm.add_argument("--max-concurrent", type=int, default=None,
+                    help="requests at the gateway at once; the rest wait at the meter (default: no bound)")
     return p
 
 
@@ -438,6 +447,16 @@ def _probe(args: argparse.Namespace) -> int:
 
 
 _SERVICE_COMMANDS["probe"] = _probe
+
+
+def _mii_meter(args: argparse.Namespace) -> int:
+    from adapters.mii_meter import run_cli
+
+    return run_cli(args.listen, args.upstream, timeout_s=args.timeout, max_request_bytes=args.max_request_bytes,
+                   max_concurrent=args.max_concurrent)
+
+
+_SERVICE_COMMANDS["mii-meter"] = _mii_meter
 
 
 def _health(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ from adapters.deepspeed_mii import (
     ProbeResult,
     UnexpectedResponse,
 )
+from controlplane.domain.engines import LOAD_FIELDS
 from controlplane.domain.errors import (
     PermanentError,
     TemporaryError,
@@ -100,12 +101,15 @@ def test_sample_reports_probe_latency_and_unknowns_as_zero(fake: FakeMiiServer) 
     s = d.sample(IID, DEP, 1234)
     assert (s.instance_id, s.deployment, s.at_ms) == (IID, DEP, 1234)
     assert (s.running, s.waiting, s.kv_usage, s.prompt_tokens_per_s, s.generation_tokens_per_s) == (0, 0, 0.0, 0.0, 0.0)
+    assert s.unknown == tuple(sorted(LOAD_FIELDS)) and not any(s.knows(f) for f in LOAD_FIELDS)
+    assert d.in_flight() is None  # MII cannot tell without its meter
     assert (s.gpu_mem_used_bytes, s.gpu_mem_total_bytes, s.healthy) == (0, 0, True)
     assert s.ttft_p99_ms is not None and 0 < s.ttft_p99_ms < 2000
     stats = d.statistics()
     assert stats == {"probes": 1, "unreachable": 0, "rejected": 0, "unexpected": 0, "last_error": "",
                      "last_probe_ms": s.ttft_p99_ms, "metrics_endpoint": False, "missing": list(MISSING_FIELDS),
-                     "ttft_source": "probe_latency"}
+                     "ttft_source": "probe_latency", "meter_url": None, "meter_scrapes": 0, "meter_failures": 0,
+                     "meter_request_p99_ms": None}
     assert MISSING_FIELDS == ("running", "waiting", "kv_usage", "prompt_tokens_per_s", "generation_tokens_per_s",
                               "gpu_mem_used_bytes", "gpu_mem_total_bytes")
 

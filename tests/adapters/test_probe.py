@@ -159,10 +159,28 @@ def test_mii_json(mii: FakeMiiServer) -> None:
         "gpu_mem_used_bytes": 0, "gpu_mem_total_bytes": 0,
         "unknown": missing,
         "driver": {"probes": 1, "unreachable": 0, "rejected": 0, "unexpected": 0, "last_error": "",
-                   "metrics_endpoint": False, "missing": missing, "ttft_source": "probe_latency"},
+                   "metrics_endpoint": False, "missing": missing, "ttft_source": "probe_latency",
+                   "meter_url": None, "meter_scrapes": 0, "meter_failures": 0, "meter_request_p99_ms": None},
     }
     assert mii.requests == [("POST", "/mii/mii-llama", "application/json",
                              b'{"prompts":["ping"],"max_new_tokens":1}')]
+
+
+def test_mii_with_its_meter_reads_the_load_there(mii: FakeMiiServer) -> None:
+    from adapters.mii_meter import MeterConfig, MiiMeter, Upstream
+
+    meter = MiiMeter(MeterConfig(upstream=Upstream("127.0.0.1", mii.rest_port), host="127.0.0.1")).start()
+    try:
+        proc = run_probe("--engine", "deepspeed-mii", "--url", mii.rest_url, "--grpc-address", mii.grpc_address,
+                         "--meter-url", meter.url, "--json")
+    finally:
+        meter.stop()
+    assert (proc.returncode, proc.stderr) == (0, "")
+    obs = json.loads(proc.stdout)
+    assert (obs["running"], obs["waiting"]) == (0, 0)
+    assert obs["unknown"] == ["generation_tokens_per_s", "gpu_mem_total_bytes", "gpu_mem_used_bytes", "kv_usage",
+                              "prompt_tokens_per_s"]  # one scrape: no token rates yet
+    assert obs["driver"]["metrics_endpoint"] is True and obs["driver"]["meter_scrapes"] == 1
 
 
 def test_mii_backend_500_is_unhealthy_exit_1(mii: FakeMiiServer) -> None:

@@ -152,7 +152,8 @@ def test_every_command_the_manifests_run_is_a_real_cli_command(capsys: pytest.Ca
         pytest.skip("kubectl is not on PATH")
     commands = in_image_commands()
     assert {tuple(c[:2]) for c in commands} == {("controlplane", "coordinator"), ("controlplane", "adapter"),
-                                                 ("controlplane", "health"), ("controlplane", "gpu-agent")}
+                                                 ("controlplane", "health"), ("controlplane", "gpu-agent"),
+                                                 ("controlplane", "mii-meter")}
     for cmd in {tuple(c) for c in commands}:
         assert cmd[0] == "controlplane"
         args = _parser().parse_args(list(cmd[1:]))  # every flag exists and parses

@@ -26,7 +26,9 @@ from tests.deploy.manifests import (
     of_kind,
     one,
     pdb_problems,
+    is_controlplane,
     pod_spec,
+    port_of,
     rbac_problems,
     render,
     role_grants,
@@ -279,6 +281,8 @@ def test_engines_match_the_contracts(folder: str) -> None:
             assert w.get("grpc_port", 50050) in ports
             assert f'deployment_name="{w["model"]}"' in args and f"restful_api_port={w['port']}" in args
             assert f"port_number={w.get('grpc_port', 50050)}" in args and 'restful_api_host="0.0.0.0"' in args
+            assert w.get("meter_port") is not None, "MII client traffic goes through the mii-meter sidecar"
+            assert mii_meter_problems(objs, wl, w) == []
         assert c["resources"]["limits"]["nvidia.com/gpu"] == c["resources"]["requests"]["nvidia.com/gpu"]
 
 
@@ -327,3 +331,62 @@ def test_serving_checker_catches_a_missing_label_and_a_selector_naming_it() -> N
     problems = serving_problems(broken, workloads)
     assert any("workload selector names" in p for p in problems)
     assert any("without controlplane.io/serving" in p for p in problems)
+
+
+def mii_meter_problems(objs: tuple[Obj, ...] | list[Obj], wl: Obj, w: dict) -> list[str]:
+    """The mii-meter sidecar of an MII workload ``wl`` (adapter workload ``w``): a native sidecar in the
+    controlplane image listening on ``meter_port`` and forwarding to the gateway on 127.0.0.1, ready
+    on its own /metrics; every Service that selects the pods targets the meter, never the gateway;
+    the engines' NetworkPolicy lets traffic reach it."""
+    from controlplane.cli.main import _parser
+
+    out = []
+    spec, port, meter_port = wl["spec"]["template"]["spec"], w["port"], w["meter_port"]
+    sidecars = [c for c in spec.get("initContainers", []) if is_controlplane(c) and c.get("args", [])[:1] == ["mii-meter"]]
+    if len(sidecars) != 1:
+        return [f"{ident(wl)}: expected one mii-meter sidecar, got {len(sidecars)}"]
+    [c] = sidecars
+    if c.get("restartPolicy") != "Always":
+        out.append(f"{ident(wl)}: mii-meter is not a native sidecar (restartPolicy Always)")
+    args = _parser().parse_args(c["args"])
+    if port_of(args.listen) != meter_port or meter_port not in {p["containerPort"] for p in c.get("ports", [])}:
+        out.append(f"{ident(wl)}: mii-meter does not listen on meter_port {meter_port}")
+    if args.upstream != f"http://127.0.0.1:{port}":
+        out.append(f"{ident(wl)}: mii-meter upstream {args.upstream} is not the gateway on 127.0.0.1:{port}")
+    named = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+    probe = c.get("readinessProbe", {}).get("httpGet", {})
+    if probe.get("path") != "/metrics" or named.get(probe.get("port"), probe.get("port")) != meter_port:
+        out.append(f"{ident(wl)}: mii-meter has no readiness probe on its /metrics")
+    labels = wl["spec"]["template"]["metadata"]["labels"]
+    services = [o for o in of_kind(objs, "Service") if o["metadata"]["namespace"] == wl["metadata"]["namespace"]
+                and o["spec"].get("selector") and o["spec"]["selector"].items() <= labels.items()]
+    if not services:
+        out.append(f"{ident(wl)}: no Service routes client traffic to it")
+    for svc in services:
+        for sp in svc["spec"]["ports"]:
+            target = sp.get("targetPort", sp["port"])
+            if named.get(target, target) != meter_port:
+                out.append(f"{ident(svc)}: port {sp['port']} targets {target}, not the meter ({meter_port})")
+    policy = one(objs, "NetworkPolicy", "engines")
+    if not any(p["port"] == meter_port for rule in policy["spec"]["ingress"] for p in rule["ports"]):
+        out.append(f"{ident(policy)}: does not admit the meter port {meter_port}")
+    return out
+
+
+def test_mii_meter_checker_catches_a_bypassing_service_and_a_missing_sidecar() -> None:
+    objs = list(render("overlays/single-region"))
+    cfg = load_yaml(one(objs, "ConfigMap", "adapter-config")["data"]["adapter.yaml"])
+    [w] = [w for w in cfg["kubernetes"]["workloads"] if w["engine"] == "deepspeed-mii"]
+    wl = one(objs, "Deployment", w["name"])
+    assert mii_meter_problems(objs, wl, w) == []
+    bypass = copy.deepcopy(one(objs, "Service", w["name"]))
+    bypass["spec"]["ports"][0]["targetPort"] = "http"  # MII's gateway port, not the meter
+    problems = mii_meter_problems([o for o in objs if o["kind"] != "Service"] + [bypass], wl, w)
+    assert problems and "not the meter" in problems[0]
+    bare = copy.deepcopy(wl)
+    del bare["spec"]["template"]["spec"]["initContainers"]
+    assert "expected one mii-meter sidecar" in mii_meter_problems(objs, bare, w)[0]
+    wrong = copy.deepcopy(wl)
+    args = wrong["spec"]["template"]["spec"]["initContainers"][0]["args"]
+    args[args.index("--upstream") + 1] = "http://127.0.0.1:9"
+    assert any("upstream" in p for p in mii_meter_problems(objs, wrong, w))

@@ -24,6 +24,9 @@ Knobs:
 * ``down``: the load balancer (and replicas) died but the gateway lives: LB port refused, ``/healthz``
   still ``ok``, generate -> 500;
 * ``slow_s``: seconds the gateway sleeps before answering a generate;
+* ``hold``: a ``threading.Event``; while set to one, every generate waits (at most ``HOLD_LIMIT_S``)
+  until the event is set, and :attr:`held` counts the generates waiting on it (a request the "model"
+  is busy with, for tests that look at a meter while it is in flight);
 * ``error_status``: answer every generate with this status and Flask's page for it;
 * ``body_override``: bytes sent verbatim as the 200 generate body (malformed-reply tests);
 * ``reply_text``: what the "model" generates (whitespace-separated words count as tokens).
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import json
 import socketserver
+import threading
 import time
 from http import HTTPStatus
 from typing import Any
@@ -52,6 +56,7 @@ GENERATE_KWARGS = frozenset({
     "do_sample", "top_p", "top_k", "temperature", "stop",
 })
 DEFAULT_MAX_LENGTH = 1024
+HOLD_LIMIT_S = 10.0
 
 _FLASK_TEXT = {
     400: "The browser (or proxy) sent a request that this server could not understand.",
@@ -99,6 +104,8 @@ class FakeMiiServer(FakeServer):
         self.error_status: int | None = None
         self.body_override: bytes | None = None
         self.reply_text = "pong"
+        self.hold: threading.Event | None = None
+        self.held = 0
         self.requests: list[tuple[str, str, str, bytes]]
         self.generated_prompts: list[str] = []
         self._rest = Listener(http_factory(_HttpServer, _Handler, self), "fake-mii-rest")
@@ -195,6 +202,15 @@ class _Handler(FakeHandler):
         fake = self.server.fake
         if fake.slow_s > 0:
             time.sleep(fake.slow_s)
+        hold = fake.hold
+        if hold is not None:
+            with fake.lock:
+                fake.held += 1
+            try:
+                hold.wait(HOLD_LIMIT_S)
+            finally:
+                with fake.lock:
+                    fake.held -= 1
         if fake.error_status is not None:
             self._error(fake.error_status)
             return
