@@ -277,6 +277,12 @@ class MiiDriver:
         """One probe (its latency is the TTFT proxy), then the meter's load where there is a meter;
         every load field MII cannot supply is 0 and named in ``unknown`` (see the module doc)."""
         result = self.probe()
+        return self.meter_sample(instance_id, deployment, now_ms, ttft_p99_ms=result.latency_ms)
+
+    def meter_sample(self, instance_id: InstanceId, deployment: DeploymentId, now_ms: int,
+                     ttft_p99_ms: float | None = None) -> InstanceSample:
+        """The load part of :meth:`sample`: one meter scrape (none without a meter), no gateway probe.
+        ``controlplane probe --metrics-file`` reads captured meter pages through it."""
         unknown: tuple[str, ...] = UNKNOWN_WITHOUT_METER
         running = waiting = 0
         prompt_rate = gen_rate = 0.0
@@ -302,7 +308,7 @@ class MiiDriver:
         return InstanceSample(
             instance_id=instance_id, deployment=deployment, at_ms=now_ms,
             running=running, waiting=waiting, kv_usage=0.0, prompt_tokens_per_s=prompt_rate,
-            generation_tokens_per_s=gen_rate, ttft_p99_ms=result.latency_ms, unknown=unknown,
+            generation_tokens_per_s=gen_rate, ttft_p99_ms=ttft_p99_ms, unknown=unknown,
         )
 
     def scrape_meter(self, now_ms: int) -> MeterReading:

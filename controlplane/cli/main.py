@@ -174,13 +174,21 @@ def _parser() -> argparse.ArgumentParser:
     add_gpu_agent_arguments(ga)
     pr = sub.add_parser("probe", help="read one inference engine once through its driver and print the observation")
     pr.add_argument("--engine", required=True, choices=("vllm", "triton", "deepspeed-mii"))
-    pr.add_argument("--url", required=True, metavar="URL", help="vLLM server, Triton HTTP port, or MII REST URL .../mii/NAME")
+    pr.add_argument("--url", default=None, metavar="URL",
+                    help="vLLM server, Triton HTTP port, or MII REST URL .../mii/NAME (not with --metrics-file)")
     pr.add_argument("--metrics-url", default=None, metavar="URL", help="Triton metrics port (required for triton)")
     pr.add_argument("--model", default=None, metavar="NAME", help="vLLM model_name filter; Triton model (required)")
     pr.add_argument("--grpc-address", default=None, metavar="HOST:PORT", help="MII gRPC load balancer (default URL host:50050)")
     pr.add_argument("--meter-url", default=None, metavar="URL", help="MII: the pod's mii-meter sidecar http://HOST:PORT")
     pr.add_argument("--timeout", type=float, default=5.0, help="per-request deadline in seconds (default 5)")
     pr.add_argument("--json", action="store_true", help="print the observation as JSON")
+    pr.add_argument("--scrapes", type=int, default=1, metavar="N",
+                    help="metrics reads --interval-s apart (default 1; 2 gives rates, TTFT and queue p99s)")
+    pr.add_argument("--interval-s", type=float, default=1.0, metavar="S",
+                    help="seconds between reads (default 1), also the time between --metrics-file pages")
+    pr.add_argument("--metrics-file", action="append", default=None, metavar="FILE",
+                    help="a captured /metrics page (repeatable, read in order) instead of a live engine; for "
+                         "deepspeed-mii, its mii-meter's page")
     mm = sub.add_parser("mii-meter", help="request meter sidecar for a DeepSpeed-MII pod: forwards /mii/<name> and "
                                           "/healthz to the REST gateway, serves what it counted on /metrics")
     mm.add_argument("--listen", required=True, metavar="HOST:PORT", help="where the meter listens (:PORT = all)")

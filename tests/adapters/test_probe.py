@@ -65,13 +65,18 @@ def test_vllm_json(vllm: FakeVllmServer) -> None:
     vllm.prompt_tokens, vllm.generation_tokens = 100, 40
     proc = run_probe("--engine", "vllm", "--url", vllm.base_url, "--model", MODEL, "--json")
     assert (proc.returncode, proc.stderr) == (0, "")
+    twice = "needs two scrapes"
+    gpu = "not exported by this engine (the gpu-agent reads NVML)"
     assert json.loads(proc.stdout) == {
-        "engine": "vllm", "url": vllm.base_url, "healthy": True, "ready": True,
-        "waiting": 5, "running": 3, "kv_usage": 0.25, "ttft_p99_ms": None,
+        "engine": "vllm", "url": vllm.base_url, "source": "live", "scrapes": 1, "interval_ms": None,
+        "healthy": True, "ready": True,
+        "waiting": 5, "running": 3, "kv_usage": 0.25, "ttft_p99_ms": None, "queue_p95_ms": None,
         "prompt_tokens_per_s": 0.0, "generation_tokens_per_s": 0.0,
         "gpu_mem_used_bytes": 0, "gpu_mem_total_bytes": 0,
-        "unknown": ["ttft_p99_ms (needs two scrapes)", "prompt_tokens_per_s (needs two scrapes)",
-                    "generation_tokens_per_s (needs two scrapes)", "gpu_mem_used_bytes", "gpu_mem_total_bytes"],
+        "unknown": ["generation_tokens_per_s", "gpu_mem_total_bytes", "gpu_mem_used_bytes", "prompt_tokens_per_s",
+                    "queue_p95_ms", "ttft_p99_ms"],
+        "why": {"generation_tokens_per_s": twice, "gpu_mem_total_bytes": gpu, "gpu_mem_used_bytes": gpu,
+                "prompt_tokens_per_s": twice, "queue_p95_ms": twice, "ttft_p99_ms": twice},
         "driver": {"scrapes": 1, "malformed": 0, "unreachable": 0, "last_error": "", "queue_p95_ms": None,
                    "prefill_p95_ms": None, "decode_p95_ms": None},
     }
@@ -104,18 +109,21 @@ def test_triton_json(triton: FakeTritonServer) -> None:
     proc = run_probe("--engine", "triton", "--url", triton.base_url, "--metrics-url", triton.metrics_url,
                      "--model", "llm", "--json")
     assert (proc.returncode, proc.stderr) == (0, "")
-    assert json.loads(proc.stdout) == {
-        "engine": "triton", "url": triton.base_url, "healthy": True, "ready": True,
-        "waiting": 4, "running": 0, "kv_usage": 0.0, "ttft_p99_ms": None,
+    obs = json.loads(proc.stdout)
+    driver = obs.pop("driver")
+    not_exported = "not exported by this engine or its configuration"
+    assert obs == {
+        "engine": "triton", "url": triton.base_url, "source": "live", "scrapes": 1, "interval_ms": None,
+        "healthy": True, "ready": True,
+        "waiting": 4, "running": 0, "kv_usage": 0.0, "ttft_p99_ms": None, "queue_p95_ms": None,
         "prompt_tokens_per_s": 0.0, "generation_tokens_per_s": 0.0,
         "gpu_mem_used_bytes": 10 * GIB, "gpu_mem_total_bytes": 80 * GIB,
-        "unknown": ["prompt_tokens_per_s", "generation_tokens_per_s", "running (needs two scrapes)", "kv_usage",
+        "unknown": ["generation_tokens_per_s", "kv_usage", "prompt_tokens_per_s", "queue_p95_ms", "running",
                     "ttft_p99_ms"],
-        "driver": {"scrapes": 1, "malformed": 0, "unreachable": 0, "exiting": 0, "last_error": "",
-                   "mean_queue_ms": None, "inferences_per_s": 0.0, "running_source": "no_baseline",
-                   "kv_source": "absent", "gpu_metrics": True, "ttft_source": "absent", "queue_source": "none",
-                   "token_source": "absent"},
+        "why": {"generation_tokens_per_s": not_exported, "kv_usage": not_exported, "prompt_tokens_per_s": not_exported,
+                "queue_p95_ms": "needs two scrapes", "running": "needs two scrapes", "ttft_p99_ms": "needs two scrapes"},
     }
+    assert (driver["running_source"], driver["kv_source"], driver["gpu_metrics"]) == ("no_baseline", "absent", True)
 
 
 def test_triton_model_loading_not_ready(triton: FakeTritonServer) -> None:
@@ -152,12 +160,19 @@ def test_mii_json(mii: FakeMiiServer) -> None:
     assert obs["driver"].pop("last_probe_ms") == ttft
     missing = ["running", "waiting", "kv_usage", "prompt_tokens_per_s", "generation_tokens_per_s",
                "gpu_mem_used_bytes", "gpu_mem_total_bytes"]
+    no_meter = "DeepSpeed-MII exports no metrics: pass --meter-url (its mii-meter sidecar)"
+    gpu = "not exported by this engine (the gpu-agent reads NVML)"
     assert obs == {
-        "engine": "deepspeed-mii", "url": mii.rest_url, "healthy": True, "ready": True,
-        "waiting": 0, "running": 0, "kv_usage": 0.0,
+        "engine": "deepspeed-mii", "url": mii.rest_url, "source": "live", "scrapes": 1, "interval_ms": None,
+        "healthy": True, "ready": True,
+        "waiting": 0, "running": 0, "kv_usage": 0.0, "queue_p95_ms": None,
         "prompt_tokens_per_s": 0.0, "generation_tokens_per_s": 0.0,
         "gpu_mem_used_bytes": 0, "gpu_mem_total_bytes": 0,
-        "unknown": missing,
+        "unknown": ["generation_tokens_per_s", "gpu_mem_total_bytes", "gpu_mem_used_bytes", "kv_usage",
+                    "prompt_tokens_per_s", "queue_p95_ms", "running", "waiting"],
+        "why": {"generation_tokens_per_s": no_meter, "gpu_mem_total_bytes": gpu, "gpu_mem_used_bytes": gpu,
+                "kv_usage": no_meter, "prompt_tokens_per_s": no_meter,
+                "queue_p95_ms": "not exported by this engine", "running": no_meter, "waiting": no_meter},
         "driver": {"probes": 1, "unreachable": 0, "rejected": 0, "unexpected": 0, "last_error": "",
                    "metrics_endpoint": False, "missing": missing, "ttft_source": "probe_latency",
                    "meter_url": None, "meter_scrapes": 0, "meter_failures": 0, "meter_request_p99_ms": None},
@@ -179,7 +194,8 @@ def test_mii_with_its_meter_reads_the_load_there(mii: FakeMiiServer) -> None:
     obs = json.loads(proc.stdout)
     assert (obs["running"], obs["waiting"]) == (0, 0)
     assert obs["unknown"] == ["generation_tokens_per_s", "gpu_mem_total_bytes", "gpu_mem_used_bytes", "kv_usage",
-                              "prompt_tokens_per_s"]  # one scrape: no token rates yet
+                              "prompt_tokens_per_s", "queue_p95_ms"]
+    assert obs["why"]["prompt_tokens_per_s"] == "needs two scrapes"  # one scrape: no token rates yet
     assert obs["driver"]["metrics_endpoint"] is True and obs["driver"]["meter_scrapes"] == 1
 
 
@@ -222,5 +238,7 @@ def test_mii_wrong_deployment_is_one_line_exit_2(mii: FakeMiiServer) -> None:
 def test_text_output(vllm: FakeVllmServer) -> None:
     proc = run_probe("--engine", "vllm", "--url", vllm.base_url)
     assert proc.returncode == 0
-    assert proc.stdout.splitlines()[:4] == [f"{'engine':20} vllm", f"{'url':20} {vllm.base_url}",
-                                            f"{'healthy':20} True", f"{'ready':20} True"]
+    assert proc.stdout.splitlines()[:5] == [f"{'engine':24} vllm", f"{'url':24} {vllm.base_url}",
+                                            f"{'source':24} live", f"{'healthy':24} True", f"{'ready':24} True"]
+    assert f"{'unknown ttft_p99_ms':24} needs two scrapes" in proc.stdout.splitlines()
+    assert not any(line != line.rstrip() for line in proc.stdout.splitlines())
