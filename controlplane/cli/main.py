@@ -102,6 +102,8 @@ def _parser() -> argparse.ArgumentParser:
     bp.add_argument("--seed", type=int, default=0, help="random seed, the same for every policy (default 0)")
     bp.add_argument("--rate-scale", type=float, default=1.0, help="compress trace time by this factor")
     bp.add_argument("--limit-s", type=float, default=None, help="replay only the first seconds of each trace")
+    bp.add_argument("--engine", default="vllm", choices=("vllm", "triton", "deepspeed-mii"),
+                    help="engine of the deployment, its simulator defaults (default vllm; compare: bench engines)")
     be = bench_sub.add_parser("engines", help="one trace served by vLLM, Triton and DeepSpeed-MII: SLO attainment and GPU-hours")
     be.add_argument("--trace", action="append", metavar="FILE", help="Azure trace CSV, repeatable (default: the two Azure traces)")
     be.add_argument("--out", default=None, metavar="DIR", help="also write results.json there")
@@ -419,7 +421,8 @@ def _bench(args: argparse.Namespace) -> int:
     if args.bench == "policies":
         from controlplane.bench.policies import run_cli as run_policies
 
-        return run_policies(args.trace, args.out, args.json, args.seed, rate_scale=args.rate_scale, limit_s=args.limit_s)
+        return run_policies(args.trace, args.out, args.json, args.seed, rate_scale=args.rate_scale, limit_s=args.limit_s,
+                            engine=args.engine)
     from controlplane.bench.raft import run_cli
 
     return run_cli(args.trials, args.commits, args.out, args.json)

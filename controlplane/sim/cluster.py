@@ -14,6 +14,12 @@ Service model of one instance (documented in ``docs/simulator.md``):
   time of the batch size at admission (``ModelProfile.step_ms``).
 * TTFT = first token - arrival, including time at the gateway while no instance was serving.
 
+That is vLLM's service model, and it serves every ``vllm`` deployment with exactly this code. A
+``triton`` or ``deepspeed-mii`` deployment's requests and samples go to its engine's
+:class:`~controlplane.sim.service_models.ServiceModel` (Triton's dynamic batcher or TensorRT-LLM
+in-flight batching; MII FastGen seen through its request meter or not at all), which reuses
+:meth:`SimFleet.admit_continuous` where the engine batches continuously.
+
 Starts take their tier's latency (:mod:`controlplane.domain.start_tiers`) with +-10 % jitter: a new
 instance on a cluster whose node-local model cache (``caches``) holds its model is a ``cached``
 start, otherwise a ``cold`` one, after whose success the cluster's cache holds the model; a wake
