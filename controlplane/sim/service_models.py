@@ -104,8 +104,8 @@ class _TritonState:
     queue_times: list[float] = field(default_factory=list)
     """Queue times of the requests that left the queue since the last sample."""
     next_batch: int = 0
-    due_at: float = -1.0
-    """The pending BATCH_DUE timer (-1: none)."""
+    due_at: tuple[float, int] = (-1.0, -1)
+    """The pending BATCH_DUE timer: (due, instance incarnation); (-1, -1): none."""
 
 
 class TritonDynamicBatcher:
@@ -133,7 +133,7 @@ class TritonDynamicBatcher:
 
     def due(self, fleet: SimFleet, sim: SimInstance, now_ms: int) -> None:
         st = self._st(sim)
-        st.due_at = -1.0
+        st.due_at = (-1.0, -1)
         self._dispatch(fleet, sim, st, now_ms)
 
     def _dispatch(self, fleet: SimFleet, sim: SimInstance, st: _TritonState, now_ms: int) -> None:
@@ -143,8 +143,8 @@ class TritonDynamicBatcher:
                 oldest = st.queued_ms.get(sim.queue[0].rid, now_ms)
                 due = oldest + self.delay_ms
                 if now_ms < due:
-                    if st.due_at != due:
-                        st.due_at = due
+                    if st.due_at != (due, sim.gen):
+                        st.due_at = (due, sim.gen)
                         fleet.schedule_event(due, BATCH_DUE, (sim.id, sim.gen))
                     return
             batch: list[SimRequest] = []
@@ -289,9 +289,9 @@ class MiiService(_Continuous):
     def probe_latency_ms(self, sim: SimInstance, now_ms: int) -> float:
         """What the driver's one-token probe would take if sent now."""
         p = sim.profile
+        # Behind a queue it waits at least as long as the oldest queued request has (a lower bound;
+        # a full batch with nothing queued is not counted: the probe would wait for one slot).
         wait = float(now_ms - sim.queue[0].arrival_ms) if sim.queue else 0.0
-        if not sim.queue and len(sim.running) >= p.max_num_seqs:
-            wait = 0.0  # full batch, nothing queued: it waits for one slot, not estimated here
         prefill_start = max(float(now_ms) + wait, sim.prefill_free_ms)
         prefill = PROBE_PROMPT_TOKENS * 1000.0 / p.prefill_tokens_per_s
         return prefill_start - now_ms + prefill + p.step_ms(min(p.max_num_seqs, len(sim.running) + 1))
