@@ -83,10 +83,11 @@ on ``conv`` (100 % both, 13.01 vs 8.98 GPU-hours), so the benchmark runs our pol
 like the baselines (which never have one)."""
 
 
-def scenario_for(trace: Path, *, seed: int, rate_scale: float = 1.0, limit_s: float | None = None) -> Scenario:
+def scenario_for(trace: Path, *, seed: int, rate_scale: float = 1.0, limit_s: float | None = None,
+                 engine: str = "vllm") -> Scenario:
     """``controlplane simulate --trace`` 's scenario with ``warm_pool`` :data:`WARM_POOL` (optionally
-    only the first ``limit_s``)."""
-    scenario = trace_scenario(str(trace), model=DEFAULT_MODEL, engine="vllm", rate_scale=rate_scale, seed=seed)
+    only the first ``limit_s``), served by ``engine`` (``--engine``; its defaults, docs/simulator.md)."""
+    scenario = trace_scenario(str(trace), model=DEFAULT_MODEL, engine=engine, rate_scale=rate_scale, seed=seed)
     update: dict[str, Any] = {"warm_pool": WARM_POOL}
     deps = [d.model_copy(update=update if limit_s is None else
                          {**update, "workload": d.workload.model_copy(update={"limit_s": limit_s})})
@@ -311,7 +312,7 @@ def unavailable(policies: Sequence[str]) -> dict[str, str]:
 def run_benchmark(
     traces: Sequence[Path], *, seed: int, rate_scale: float = 1.0, limit_s: float | None = None,
     policies: Sequence[str] = POLICIES, show_progress: bool = False,
-    frontier: Sequence[tuple[int, float]] = FRONTIER,
+    frontier: Sequence[tuple[int, float]] = FRONTIER, engine: str = "vllm",
 ) -> tuple[dict[str, Any], dict[str, dict[str, Run]]]:
     for t in traces:
         if not Path(t).is_file():
@@ -324,7 +325,7 @@ def run_benchmark(
     sweep = frontier if "controlplane" in policies else ()
     with _progress(show_progress, len(traces) * (len(policies) + len(sweep))) as advance:
         for trace in traces:
-            scenario = scenario_for(Path(trace), seed=seed, rate_scale=rate_scale, limit_s=limit_s)
+            scenario = scenario_for(Path(trace), seed=seed, rate_scale=rate_scale, limit_s=limit_s, engine=engine)
             per = runs.setdefault(Path(trace).name, {})
             for name in policies:
                 per[name] = run_policy(name, scenario, seed, advance(f"{Path(trace).stem} / {name}"))
@@ -346,7 +347,7 @@ def run_benchmark(
         out.append({"trace": trace, "policies": entries, "frontier": front, "targets": targets_check(entries, front),
                     "forecast_targets": forecast_targets(trace, entries, REACTIVE, DYNAMO)})
     results = {"seed": seed, "rate_scale": rate_scale, "limit_s": limit_s, "parameters": parameters(), "traces": out,
-               "skipped": skipped}
+               "skipped": skipped, "engine": engine}
     return results, runs
 
 
@@ -563,14 +564,14 @@ def _save(fig, path: Path, plt) -> Path:
 
 
 def run_cli(traces: Sequence[str] | None, out: str, as_json: bool, seed: int, *, rate_scale: float = 1.0,
-            limit_s: float | None = None, progress: bool | None = None) -> int:
+            limit_s: float | None = None, progress: bool | None = None, engine: str = "vllm") -> int:
     if rate_scale <= 0:
         raise ControlPlaneError(f"--rate-scale: must be > 0, got {rate_scale}")
     if limit_s is not None and limit_s <= 0:
         raise ControlPlaneError(f"--limit-s: must be > 0, got {limit_s}")
     paths = [Path(t) for t in traces] if traces else default_traces()
     show = sys.stderr.isatty() if progress is None else progress
-    results, runs = run_benchmark(paths, seed=seed, rate_scale=rate_scale, limit_s=limit_s, show_progress=show)
+    results, runs = run_benchmark(paths, seed=seed, rate_scale=rate_scale, limit_s=limit_s, show_progress=show, engine=engine)
     for name, reason in results["skipped"].items():
         print(f"bench policies: skipped {name}: {reason}", file=sys.stderr)
     out_dir = Path(out)

@@ -102,6 +102,15 @@ def _parser() -> argparse.ArgumentParser:
     bp.add_argument("--seed", type=int, default=0, help="random seed, the same for every policy (default 0)")
     bp.add_argument("--rate-scale", type=float, default=1.0, help="compress trace time by this factor")
     bp.add_argument("--limit-s", type=float, default=None, help="replay only the first seconds of each trace")
+    bp.add_argument("--engine", default="vllm", choices=("vllm", "triton", "deepspeed-mii"),
+                    help="engine of the deployment, its simulator defaults (default vllm; compare: bench engines)")
+    be = bench_sub.add_parser("engines", help="one trace served by vLLM, Triton and DeepSpeed-MII: SLO attainment and GPU-hours")
+    be.add_argument("--trace", action="append", metavar="FILE", help="Azure trace CSV, repeatable (default: the two Azure traces)")
+    be.add_argument("--out", default=None, metavar="DIR", help="also write results.json there")
+    be.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
+    be.add_argument("--seed", type=int, default=0, help="random seed, the same for every engine (default 0)")
+    be.add_argument("--limit-s", type=float, default=None, help="replay only the first seconds of each trace")
+    be.add_argument("--rows", default=None, metavar="A,B", help="rows to run, comma-separated (default: all)")
     bf = bench_sub.add_parser("fleet", help="tenants, models and one GPU pool: this control plane vs HPA/KPA + "
                                             "kube-scheduler, Dynamo's planner, static peak and the clairvoyant bound")
     bf.add_argument("--fleet", metavar="FILE", help="fleet file (a scenario file plus fleet fields; default: the built-in fleet)")
@@ -426,10 +435,15 @@ def _bench(args: argparse.Namespace) -> int:
 
         return run_fleet(fleet=args.fleet, out=args.out, as_json=args.json, seed=args.seed, limit_s=args.limit_s,
                          policies=args.policies, jobs=args.jobs, print_fleet=args.print_fleet, progress=args.progress)
+    if args.bench == "engines":
+        from controlplane.bench.engines import run_cli as run_engines
+
+        return run_engines(args.trace, args.out, args.json, args.seed, limit_s=args.limit_s, rows=args.rows)
     if args.bench == "policies":
         from controlplane.bench.policies import run_cli as run_policies
 
-        return run_policies(args.trace, args.out, args.json, args.seed, rate_scale=args.rate_scale, limit_s=args.limit_s)
+        return run_policies(args.trace, args.out, args.json, args.seed, rate_scale=args.rate_scale, limit_s=args.limit_s,
+                            engine=args.engine)
     from controlplane.bench.raft import run_cli
 
     return run_cli(args.trials, args.commits, args.out, args.json)

@@ -14,6 +14,12 @@ Service model of one instance (documented in ``docs/simulator.md``):
   time of the batch size at admission (``ModelProfile.step_ms``).
 * TTFT = first token - arrival, including time at the gateway while no instance was serving.
 
+That is vLLM's service model, and it serves every ``vllm`` deployment with exactly this code. A
+``triton`` or ``deepspeed-mii`` deployment's requests and samples go to its engine's
+:class:`~controlplane.sim.service_models.ServiceModel` (Triton's dynamic batcher or TensorRT-LLM
+in-flight batching; MII FastGen seen through its request meter or not at all), which reuses
+:meth:`SimFleet.admit_continuous` where the engine batches continuously.
+
 Starts take their tier's latency (:mod:`controlplane.domain.start_tiers`) with +-10 % jitter: a new
 instance on a cluster whose node-local model cache (``caches``) holds its model is a ``cached``
 start, otherwise a ``cold`` one, after whose success the cluster's cache holds the model; a wake
@@ -38,9 +44,11 @@ from controlplane.domain.profiles import ModelProfile
 from controlplane.domain.start_tiers import new_pod_tier, start_ms, wake_tier
 from controlplane.domain.tenants import Engine
 from controlplane.ports import AdapterCommand, Fence
+from controlplane.sim.service_models import BATCH_DUE, ServiceModel, service_model
 
-# Event kinds of the simulator's heap.
+# Event kinds of the simulator's heap (BATCH_DUE = 4, a Triton batcher's queue delay, in service_models).
 COMPLETE, WARM_DONE, DRAIN_DEADLINE = 1, 2, 3
+__all__ = ["BATCH_DUE", "COMPLETE", "DRAIN_DEADLINE", "WARM_DONE", "SimFleet", "SimInstance", "SimRequest"]
 
 MAX_SEEN_REQUEST_IDS = 100_000
 """Bound on the idempotency memory of the simulated adapter."""
@@ -109,14 +117,21 @@ class SimFleet:
         *,
         caches: Mapping[ClusterId, Iterable[str]] | None = None,
         engines: Mapping[DeploymentId, Engine] | None = None,
+        service_options: Mapping[DeploymentId, object] | None = None,
     ) -> None:
         """``caches``: the model names each cluster's node-local model cache holds at the start
         (None: every model on every cluster, and nothing reported). ``engines``: each deployment's
-        engine, for its wake tier (vLLM when absent)."""
+        engine, for its wake tier and its service model (vLLM when absent; Triton and DeepSpeed-MII
+        are served by :mod:`controlplane.sim.service_models`, configured by ``service_options``:
+        a deployment's ``TritonSpec`` / ``MiiSpec``, their defaults when absent)."""
         self._profiles = profiles
         self.caches: dict[ClusterId, set[str]] | None = (
             None if caches is None else {cid: set(models) for cid, models in caches.items()})
         self._engines = dict(engines or {})
+        self._options = dict(service_options or {})
+        self._models: dict[DeploymentId, ServiceModel | None] = {
+            d: service_model(e.value, self._options.get(d), profiles[d].max_num_seqs)
+            for d, e in self._engines.items() if d in profiles}
         self._schedule = schedule
         self._rng = rng
         self._warmup_failure = warmup_failure
@@ -138,6 +153,7 @@ class SimFleet:
             return
         self._profiles[dep] = profile
         self._engines[dep] = engine
+        self._models[dep] = service_model(engine.value, self._options.get(dep), profile.max_num_seqs)
         self.by_deployment[dep] = {}
         self.gateway[dep] = deque()
         self.gpu_ms[dep] = 0.0
@@ -325,8 +341,32 @@ class SimFleet:
             self.arrive(req, now_ms)
 
     def _enqueue(self, sim: SimInstance, req: SimRequest, now_ms: int) -> None:
+        model = self._models.get(sim.deployment)
+        if model is not None:
+            model.enqueue(self, sim, req, now_ms)
+            return
         sim.queue.append(req)
         self._admit(sim, now_ms)
+
+    # The service models' access to the fleet (controlplane.sim.service_models).
+    def admit_continuous(self, sim: SimInstance, now_ms: int) -> None:
+        """vLLM's continuous-batching admission on ``sim`` (MII FastGen and TensorRT-LLM use it too)."""
+        self._admit(sim, now_ms)
+
+    def schedule_complete(self, at_ms: float, sim: SimInstance, req: SimRequest) -> None:
+        self._schedule(at_ms, COMPLETE, (sim.id, sim.gen, req.rid))
+
+    def schedule_event(self, at_ms: float, kind: int, payload: object) -> None:
+        self._schedule(at_ms, kind, payload)
+
+    def request_done(self, req: SimRequest, now_ms: int) -> None:
+        self._on_request_done(req, now_ms)
+
+    def on_batch_due(self, payload: tuple[InstanceId, int], now_ms: int) -> None:
+        sim = self.instances.get(payload[0])
+        model = self._models.get(sim.deployment) if sim is not None else None
+        if sim is not None and model is not None and sim.gen == payload[1] and sim.phase == "serving":
+            model.due(self, sim, now_ms)
 
     def _admit(self, sim: SimInstance, now_ms: int) -> None:
         p = sim.profile
@@ -355,9 +395,13 @@ class SimFleet:
         req = sim.running.pop(payload[2], None)
         if req is None:
             return
-        sim.kv_used -= req.prompt + req.output
-        self._on_request_done(req, now_ms)
-        self._admit(sim, now_ms)
+        model = self._models.get(sim.deployment)
+        if model is not None:
+            model.complete(self, sim, req, now_ms)
+        else:
+            sim.kv_used -= req.prompt + req.output
+            self._on_request_done(req, now_ms)
+            self._admit(sim, now_ms)
         if sim.phase == "draining" and not sim.running:
             self._finish(sim, InstanceEvent.DRAINED, now_ms)
 
@@ -375,6 +419,9 @@ class SimFleet:
         return tuple((cid, tuple(sorted(self.caches[cid]))) for cid in sorted(self.caches) if cid not in self.down)
 
     def _sample(self, sim: SimInstance, now_ms: int, interval_ms: int) -> InstanceSample:
+        model = self._models.get(sim.deployment)
+        if model is not None:
+            return model.sample(sim, now_ms, interval_ms)
         p = sim.profile
         ttfts = []
         while sim.first_tokens and sim.first_tokens[0][0] <= now_ms:

@@ -35,6 +35,7 @@ from controlplane.runtime.replicator import LocalReplicator
 from controlplane.runtime.transitions import TransitionRecorder
 from controlplane.sim.baselines import PodView, PolicyView, ReplicaPolicy
 from controlplane.sim.cluster import (
+    BATCH_DUE,
     COMPLETE,
     DRAIN_DEADLINE,
     WARM_DONE,
@@ -42,6 +43,7 @@ from controlplane.sim.cluster import (
     SimRequest,
 )
 from controlplane.sim.metrics import Collector, SimResult
+from controlplane.sim.scale_audit import ScaleDownAudit
 from controlplane.sim.scenario import Scenario, ScenarioError
 from controlplane.sim.traffic import TrafficMeter, engine_loads
 from controlplane.sim.workload import Request
@@ -132,7 +134,9 @@ class Simulation:
             profiles, self._schedule, random.Random(f"{seed}:fleet"), self._failure_probability,
             self.collector.request_done if self._traffic is None else self._request_done,
             caches=scenario.model_caches(), engines={d.id: d.engine for d in scenario.deployments},
+            service_options=scenario.service_options(),
         )
+        self.audit = ScaleDownAudit(scenario.deployments)
         self.registry = CollectorRegistry()
         # Transitions are counted always but logged only when a logger is given (--events): a long
         # simulation makes hundreds of thousands of them.
@@ -275,6 +279,7 @@ class Simulation:
             COMPLETE: self.fleet.on_complete,
             WARM_DONE: self.fleet.on_warm_done,
             DRAIN_DEADLINE: self.fleet.on_drain_deadline,
+            BATCH_DUE: self.fleet.on_batch_due,
             CLUSTER_DOWN: self.fleet.cluster_down,
             CLUSTER_UP: lambda p, now: self.fleet.cluster_up(p),
             TICK: lambda p, now: self._tick(now),
@@ -294,13 +299,20 @@ class Simulation:
         result = self.collector.finish(self.end_ms, self.fleet, self.state, self.loop, self.seed, processed)
         if isinstance(self.forecaster, HistoryForecaster):
             result.summary["forecast"] = self.forecaster.summary()
+        audit = self.audit.summary()
+        engines = {str(d.id): d.engine.value for d in self.scenario.deployments}
+        for did, entry in result.summary["deployments"].items():
+            entry["engine"] = engines.get(did)
+            entry["scale_downs"] = audit.get(did)
         return result
 
     def _tick(self, now_ms: int) -> None:
         for d in self.scenario.deployments:
             slo = self.state.tenants[d.tenant].slo
             self.fleet.drop_expired(d.id, slo.max_queue_ms, now_ms)
+        self.audit.before(self.state)
         report = self.loop.tick(now_ms)
+        self.audit.after(report, self.loop)
         for d in self.scenario.deployments:
             self.fleet.dispatch_gateway(d.id, now_ms)
         self.collector.tick(now_ms, self.state)

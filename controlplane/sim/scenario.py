@@ -24,7 +24,7 @@ from pydantic import Field
 
 from controlplane.config import yaml_problem
 from controlplane.domain.errors import PermanentError
-from controlplane.domain.ids import ClusterId, PoolId
+from controlplane.domain.ids import ClusterId, DeploymentId, PoolId
 from controlplane.domain.tenants import Deployment, Tenant
 from controlplane.domain.topology import Cluster
 from controlplane.specs import (
@@ -171,9 +171,46 @@ Workload = Annotated[
 ]
 
 
+class TritonSpec(Finite):
+    """How a simulated Triton deployment serves (``controlplane.sim.service_models``; docs/simulator.md)."""
+
+    batching: Literal["dynamic", "inflight"] = "dynamic"
+    """``dynamic``: Triton's dynamic batcher in front of a backend that executes each batch to its end
+    (the model instance is busy until the batch's longest request finishes); ``inflight``: the
+    TensorRT-LLM backend's in-flight batching (continuous, and its KV use and tokens are exported)."""
+    max_batch_size: int | None = Field(None, ge=1, le=4096)
+    """``max_batch_size`` of the model configuration (None: the profile's ``max_num_seqs``)."""
+    max_queue_delay_ms: float = Field(0.0, ge=0, le=60_000)
+    """``dynamic_batching.max_queue_delay_microseconds`` / 1000 (Triton's default 0: a free model
+    instance takes what is queued at once)."""
+    instance_count: int = Field(1, ge=1, le=64)
+    """``instance_group.count``: batches that execute at once."""
+    first_response_histogram: bool = True
+    """``--metrics-config histogram_latencies=true`` (TTFT known); false: no TTFT in the samples."""
+
+
+class MiiSpec(Finite):
+    """How a simulated DeepSpeed-MII deployment is observed."""
+
+    meter: bool = True
+    """The request meter (``adapters/mii_meter.py``) in front of every pod; false: no load is known."""
+
+
 class DeploymentSpec(DeploymentBase):
     workload: Workload
     """A trace, a rate series or a generator: errors name the fields of the one given, not of all."""
+    triton: TritonSpec | None = None
+    """Triton's batching (only with ``engine: triton``)."""
+    mii: MiiSpec | None = None
+    """DeepSpeed-MII's meter (only with ``engine: deepspeed-mii``)."""
+
+    @pydantic.model_validator(mode="after")
+    def _options_match_engine(self) -> DeploymentSpec:
+        if self.triton is not None and self.engine != "triton":
+            raise ValueError(f"triton: only for engine triton, not {self.engine}")
+        if self.mii is not None and self.engine != "deepspeed-mii":
+            raise ValueError(f"mii: only for engine deepspeed-mii, not {self.engine}")
+        return self
 
 
 class FailureSpec(Finite):
@@ -265,6 +302,16 @@ class Scenario:
         default = every if self.spec.model_cache == "prefetched" else ()
         return {ClusterId(c.id): tuple(sorted(set(c.model_cache))) if c.model_cache is not None else default
                 for c in self.spec.clusters}
+
+    def service_options(self) -> dict[DeploymentId, TritonSpec | MiiSpec]:
+        """Each Triton / DeepSpeed-MII deployment's service options (their defaults where not given)."""
+        out: dict[DeploymentId, TritonSpec | MiiSpec] = {}
+        for d in self.spec.deployments:
+            if d.engine == "triton":
+                out[DeploymentId(d.id)] = d.triton or TritonSpec()
+            elif d.engine == "deepspeed-mii":
+                out[DeploymentId(d.id)] = d.mii or MiiSpec()
+        return out
 
     def where(self, *loc: str | int) -> str:
         """``FILE:LINE`` of a field (``where("deployments", 2, "workload", "rates")``), for errors
