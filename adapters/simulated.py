@@ -22,17 +22,20 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from adapters.backend import MAX_GPUS_PER_INSTANCE, MAX_REPLICAS, InstanceCommand, ScaleCommand
 from adapters.sim_gpu import SimGpuConfig, simulated_report
+from controlplane.domain.engines import Engine
 from controlplane.domain.errors import NotFound, ValidationError
 from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId, deployment_id_problem, instance_prefix
 from controlplane.domain.observations import Observations
 from controlplane.domain.profiles import PROFILES, ModelProfile
 from controlplane.runtime.clock import wall_ms
-from controlplane.sim.cluster import COMPLETE, DRAIN_DEADLINE, WARM_DONE, SimFleet, SimRequest
+from controlplane.sim.cluster import BATCH_DUE, COMPLETE, DRAIN_DEADLINE, WARM_DONE, SimFleet, SimRequest
+from controlplane.sim.scenario import MiiSpec, TritonSpec
 from controlplane.sim.workload import lognormal_int
 
 TTFT_MEMORY = 10_000
@@ -57,6 +60,13 @@ class SimDeploymentConfig(BaseModel):
     """The deployment id (``team-a/chat`` for one created through the API, a configured id ``chat``),
     or ``*`` in ``default``."""
     model: str = "llama3-8b-h100"
+    engine: Literal["vllm", "triton", "deepspeed-mii"] = "vllm"
+    """The engine the instances run: its service model (``controlplane.sim.service_models``) and
+    what its samples can report (``InstanceSample.unknown``), as in the virtual-time simulator."""
+    triton: TritonSpec | None = None
+    """Triton's batching (``engine: triton`` only; the dynamic batcher when absent)."""
+    mii: MiiSpec | None = None
+    """DeepSpeed-MII's request meter (``engine: deepspeed-mii`` only; metered when absent)."""
     cold_start_ms: int | None = Field(None, ge=0, le=3_600_000)
     """Overrides the model profile's cold start (image pull + weights + engine start)."""
     warm_start_ms: int | None = Field(None, ge=0, le=3_600_000)
@@ -83,6 +93,18 @@ class SimDeploymentConfig(BaseModel):
         if any(b.at_s <= a.at_s for a, b in zip(steps, steps[1:])):
             raise ValueError("steps must be in strictly increasing at_s order")
         return steps
+
+    @model_validator(mode="after")
+    def _engine_options(self) -> SimDeploymentConfig:
+        if self.triton is not None and self.engine != "triton":
+            raise ValueError(f"triton: only for engine triton, not {self.engine}")
+        if self.mii is not None and self.engine != "deepspeed-mii":
+            raise ValueError(f"mii: only for engine deepspeed-mii, not {self.engine}")
+        return self
+
+    @property
+    def options(self) -> TritonSpec | MiiSpec | None:
+        return self.triton if self.triton is not None else self.mii
 
     def profile(self) -> ModelProfile:
         p = PROFILES[self.model]
@@ -180,6 +202,8 @@ class SimulatedBackend:
             {d: c.profile() for d, c in self._cfg.items()}, self._schedule, self._rng,
             lambda cluster, dep, now: self._cfg[dep].warmup_failure_probability, self._done,
             caches={self.cluster_id: PROFILES if config.model_cache is None else config.model_cache},
+            engines={d: Engine(c.engine) for d, c in self._cfg.items()},
+            service_options={d: c.options for d, c in self._cfg.items() if c.options is not None},
         )
         for dep in self._cfg:
             self._next_arrival[dep] = self._draw_arrival(dep, float(self._start_ms))
@@ -249,6 +273,8 @@ class SimulatedBackend:
                     self.fleet.on_warm_done(payload, t)
                 elif kind == DRAIN_DEADLINE:
                     self.fleet.on_drain_deadline(payload, t)
+                elif kind == BATCH_DUE:
+                    self.fleet.on_batch_due(payload, t)
         self._expire(now_ms)
         self._now_ms = now_ms
 
@@ -319,7 +345,7 @@ class SimulatedBackend:
         self._origin_ms[dep] = float(self._now_ms)
         self._stats[dep] = _Stats()
         self._ttfts[dep] = deque(maxlen=TTFT_MEMORY)
-        self.fleet.add_deployment(dep, cfg.profile())
+        self.fleet.add_deployment(dep, cfg.profile(), Engine(cfg.engine), cfg.options)
         self._next_arrival[dep] = self._draw_arrival(dep, float(self._now_ms))
 
     def observe(self, now_ms: int) -> Observations:

@@ -11,11 +11,13 @@ What runs (everything on 127.0.0.1, torn down on exit, Ctrl-C or SIGTERM):
   every request's time to first token directly from the backends, which is what "SLO attainment so
   far" needs (an adapter process does not export per-request statistics). The adapters are not what
   the demo kills, so running them here costs nothing in realism;
-* **two tenants** created through the API (:class:`controlplane.api.client.ApiClient`, admin token):
-  ``gold`` (priority 200, quota 9 GPUs, TTFT SLO 1 s) with deployment ``chat``, and ``bronze``
-  (priority 50, quota 3 GPUs, may borrow 9, TTFT SLO 3 s) with deployment ``batch``. The clusters
-  hold 4 GPUs each (12 in all), so when ``chat`` bursts it takes back the GPUs ``bronze`` borrowed:
-  preemptions;
+* **three tenants, one engine each**, created through the API (:class:`controlplane.api.client.ApiClient`,
+  admin token): ``gold`` (priority 200, quota 9 GPUs, TTFT SLO 1 s) with deployment ``chat`` on vLLM,
+  ``silver`` (priority 100, quota 3, may borrow 3, SLO 2 s) with ``embed`` on Triton (TensorRT-LLM
+  in-flight batching), and ``bronze`` (priority 50, quota 3 GPUs, may borrow 9, TTFT SLO 3 s) with
+  ``batch`` on DeepSpeed-MII behind its request meter; each is served by its engine's service model
+  (``controlplane.sim.service_models``) and reports what that engine can. The clusters hold 6 GPUs
+  each (18 in all), so when ``chat`` bursts it takes back the GPUs ``bronze`` borrowed: preemptions;
 * **a bursty workload**, a step-Poisson load per deployment and zone: ``batch`` rises early and
   borrows the idle GPUs, ``chat`` bursts from 40 % to 75 % of the run. With ``--trace`` the arrival
   shape of an Azure LLM inference trace replaces ``chat``'s schedule: the whole trace is compressed
@@ -61,7 +63,7 @@ from controlplane.domain.errors import ControlPlaneError
 from controlplane.domain.ids import local_name, qualified_id
 
 ZONE_COUNT = 3
-GPUS_PER_CLUSTER = 4
+GPUS_PER_CLUSTER = 6
 POOL = "h100"
 MODEL = "llama3-8b-h100"
 COLD_START_MS, WARM_START_MS = 3_000, 500
@@ -82,16 +84,27 @@ class TenantPlan:
     deployment: str
     min_replicas: int
     max_replicas: int
+    engine: str = "vllm"
+    simulated: tuple[tuple[str, Any], ...] = ()
+    """Extra fields of the deployment's simulated engines (``adapters.simulated.SimDeploymentConfig``)."""
 
 
 TENANTS = (
     TenantPlan("gold", 200, 9, 0, 1_000, "chat", ZONE_COUNT, 4 * ZONE_COUNT),
-    TenantPlan("bronze", 50, 3, 9, 3_000, "batch", ZONE_COUNT, 4 * ZONE_COUNT),
+    TenantPlan("silver", 100, 3, 3, 2_000, "embed", ZONE_COUNT, 2 * ZONE_COUNT, "triton",
+               (("triton", {"batching": "inflight"}),)),
+    TenantPlan("bronze", 50, 3, 9, 3_000, "batch", ZONE_COUNT, 4 * ZONE_COUNT, "deepspeed-mii"),
 )
+"""One deployment per engine: ``chat`` on vLLM, ``embed`` on Triton (TensorRT-LLM in-flight batching,
+the backend Triton serves LLMs with), ``batch`` on DeepSpeed-MII behind its request meter. 18 GPUs:
+the quotas take 15, so bronze's borrowing is what gold's burst takes back (preemption)."""
 CALM_RPS, BURST_RPS = 1.5, 10.0
 """``chat`` per zone: calm and burst (about 3 replicas per zone at ``target_concurrency`` 4)."""
 BATCH_LOW_RPS, BATCH_RPS = 2.0, 9.0
 """``batch`` per zone: it wants about 3 replicas per zone, more than its quota: it borrows."""
+EMBED_LOW_RPS, EMBED_RPS = 1.5, 6.0
+"""``embed`` per zone: one replica per zone, about two while its own burst lasts."""
+EMBED_FROM, EMBED_TO = 0.15, 0.55
 BURST_FROM, BURST_TO, BATCH_FROM, BATCH_TO = 0.40, 0.75, 0.08, 0.85
 KILL_AT = 0.55
 RESTART_AFTER_S = 3.0
@@ -130,6 +143,7 @@ def builtin_workload(duration_s: float) -> Workload:
     return Workload("built-in bursty", {
         "chat": [(0.0, CALM_RPS), (BURST_FROM * d, BURST_RPS), (BURST_TO * d, CALM_RPS)],
         "batch": [(0.0, BATCH_LOW_RPS), (BATCH_FROM * d, BATCH_RPS), (BATCH_TO * d, BATCH_LOW_RPS)],
+        "embed": [(0.0, EMBED_LOW_RPS), (EMBED_FROM * d, EMBED_RPS), (EMBED_TO * d, EMBED_LOW_RPS)],
     })
 
 
@@ -156,7 +170,7 @@ def trace_workload(path: str, duration_s: float, zone_peak_rps: float = DEFAULT_
     builtin = builtin_workload(duration_s)
     acceleration = span_ms / 1000 / duration_s
     return Workload(f"trace {Path(path).name} ({len(requests)} requests, {acceleration:.0f}x faster)",
-                    {"chat": merged, "batch": builtin.schedules["batch"]})
+                    {"chat": merged, "batch": builtin.schedules["batch"], "embed": builtin.schedules["embed"]})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,7 +236,7 @@ def backend_config(index: int, workload: Workload) -> SimulatedConfig:
         "seed": index + 1,
         "deployments": [{
             "deployment": qualified_id(t.tenant, t.deployment), "model": MODEL, "cold_start_ms": COLD_START_MS, "warm_start_ms": WARM_START_MS,
-            "max_queue_ms": 10_000,
+            "max_queue_ms": 10_000, "engine": t.engine, **dict(t.simulated),
             "load": [{"at_s": 0, "rps": 0}] + [{"at_s": LOAD_OFFSET_S + at, "rps": rps}
                                                for at, rps in workload.schedules[t.deployment]],
         } for t in TENANTS],
@@ -518,7 +532,7 @@ class Demo:
                 priority=t.priority, quota={POOL: t.quota}, borrow_limit={POOL: t.borrow} if t.borrow else {},
                 slo=api_pb2.Slo(ttft_p99_ms=t.slo_ms)))
             dep = api_pb2.Deployment(metadata=api_pb2.ObjectMeta(name=t.deployment), spec=api_pb2.DeploymentSpec(
-                tenant=t.tenant, engine="vllm", model=MODEL, pool=POOL, min_replicas=t.min_replicas,
+                tenant=t.tenant, engine=t.engine, model=MODEL, pool=POOL, min_replicas=t.min_replicas,
                 max_replicas=t.max_replicas, warm_pool=0, policy=api_pb2.ScalingPolicy(**POLICY)))
             for service, method, request in (("Tenants", "CreateTenant", api_pb2.CreateTenantRequest(tenant=tenant)),
                                              ("Deployments", "ApplyDeployment", api_pb2.ApplyDeploymentRequest(deployment=dep))):
@@ -883,7 +897,8 @@ class Demo:
             s = stats.get(tp.deployment, {})
             xs = sorted(ttfts[tp.deployment])
             tenants[tp.tenant] = {
-                "priority": tp.priority, "deployment": tp.deployment, "quota_gpus": tp.quota, "borrow_gpus": tp.borrow,
+                "priority": tp.priority, "deployment": tp.deployment, "engine": tp.engine, "quota_gpus": tp.quota,
+                "borrow_gpus": tp.borrow,
                 "slo_ttft_ms": tp.slo_ms, "requests": s.get("arrived", 0), "completed": s.get("completed", 0),
                 "dropped": s.get("dropped", 0), "slo_met": s.get("met", 0), "slo_attainment": _attainment(s),
                 "ttft_p50_ms": xs[len(xs) // 2] if xs else None,

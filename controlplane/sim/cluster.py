@@ -147,12 +147,16 @@ class SimFleet:
         self.stale_rejected = 0
 
     # -- the adapter port -------------------------------------------------------------------
-    def add_deployment(self, dep: DeploymentId, profile: ModelProfile, engine: Engine = Engine.VLLM) -> None:
-        """Serve a deployment that was not known at construction (no-op when it is)."""
+    def add_deployment(self, dep: DeploymentId, profile: ModelProfile, engine: Engine = Engine.VLLM,
+                       options: object = None) -> None:
+        """Serve a deployment that was not known at construction (no-op when it is); ``options``: its
+        ``TritonSpec`` / ``MiiSpec`` (the defaults when None)."""
         if dep in self._profiles:
             return
         self._profiles[dep] = profile
         self._engines[dep] = engine
+        if options is not None:
+            self._options[dep] = options
         self._models[dep] = service_model(engine.value, self._options.get(dep), profile.max_num_seqs)
         self.by_deployment[dep] = {}
         self.gateway[dep] = deque()

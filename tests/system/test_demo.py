@@ -37,7 +37,10 @@ def test_demo_runs_the_whole_system_fails_over_and_cleans_up(tmp_path: Path) -> 
     assert "failover:" in res.stdout and f"SIGKILL lease holder {fo['killed']}" in res.stdout
 
     tenants = summary["tenants"]
-    assert set(tenants) == {"gold", "bronze"} and tenants["gold"]["priority"] > tenants["bronze"]["priority"]
+    assert set(tenants) == {"gold", "silver", "bronze"}
+    assert tenants["gold"]["priority"] > tenants["silver"]["priority"] > tenants["bronze"]["priority"]
+    assert {t["deployment"]: t["engine"] for t in tenants.values()} == {
+        "chat": "vllm", "embed": "triton", "batch": "deepspeed-mii"}
     for t in tenants.values():
         assert t["peak_serving_replicas"] > t["min_replicas"], t
         assert t["requests"] > 50 and t["slo_attainment"] is not None and t["gpu_seconds"] > 0
