@@ -14,7 +14,8 @@ vLLM               ``GET /health``     running + waiting gauges    ``POST /sleep
 Triton             model ready         Triton queue + TensorRT-    explicit model unload / load
                                        LLM waiting + active; None
                                        without TensorRT-LLM gauges
-DeepSpeed-MII      probe generate      None (no metrics endpoint)  ``ValidationError``: no sleep mode
+DeepSpeed-MII      probe generate      the request meter's running ``ValidationError``: no sleep mode
+                                       + waiting; None without one
 =================  ==================  ==========================  ===================================
 """
 

@@ -16,7 +16,7 @@ them at ``deadline_ms``, then remove) runs in three steps:
    most :data:`MAX_CHECKS_PER_OBSERVE` drains (least recently checked first); for each, one bounded
    :meth:`~adapters.engines.EngineDriver.in_flight` call (the engine timeout) decides
    (:func:`drain_reason`): 0 -> done (``in_flight_zero``); past the deadline -> done (``deadline``),
-   without asking the engine; ``None`` (the engine cannot tell: MII, Triton without TensorRT-LLM
+   without asking the engine; ``None`` (the engine cannot tell: MII without its meter, Triton without TensorRT-LLM
    gauges) or an engine error -> wait for the deadline. A pod gone or terminating early (someone
    else deleted it, the node died) -> done (``pod_gone``).
 3. **Remove.** Deployment: the pod is deleted with a ``preconditions.uid`` (only the pod that was
