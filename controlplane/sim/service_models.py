@@ -19,7 +19,8 @@ deployment's requests to its :class:`ServiceModel`:
   rates are unknown (plain Triton exports neither).
 * :class:`TritonInflight` (``triton.batching: inflight``): the TensorRT-LLM backend's in-flight
   batching, served as continuous batching (the vLLM admission code); its backend exports KV use
-  (``kv_cache_block_metrics{fraction}``) and the batch (``request_metrics``), so nothing is unknown.
+  (``kv_cache_block_metrics{fraction}``) and the batch (``request_metrics``), but no token counters
+  (``adapters/triton.py`` reads them only from Triton's vLLM backend), so both token rates are unknown.
 * :class:`MiiService`: DeepSpeed-MII FastGen's continuous batching (the vLLM admission code), seen
   through the request meter (``adapters/mii_meter.py``, ``mii.meter: true``, the default):
   ``running`` = requests the pod holds (its batch *and* its internal queue: the meter cannot tell
@@ -267,8 +268,12 @@ class TritonInflight(_Continuous):
             generation_tokens_per_s=p.decode_tokens_per_s(decoding) if decoding else 0.0,
             ttft_p99_ms=float(max(ttfts)) if ttfts and self.histogram else None,
             gpu_mem_used_bytes=int(p.gpu_memory_bytes * 0.9), gpu_mem_total_bytes=p.gpu_memory_bytes,
-            queue_p95_ms=self.take_queue_p95(sim),
+            queue_p95_ms=self.take_queue_p95(sim), unknown=TRT_LLM_UNKNOWN,
         )
+
+
+TRT_LLM_UNKNOWN = ("generation_tokens_per_s", "prompt_tokens_per_s")
+"""What Triton with the TensorRT-LLM backend cannot report (no token counters), as the driver says."""
 
 
 class MiiService(_Continuous):

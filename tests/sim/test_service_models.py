@@ -144,13 +144,14 @@ def test_triton_drain_aborts_the_running_batch_and_requeues_the_queue() -> None:
     assert [dropped for _, _, dropped in h.done] == [True]
 
 
-def test_triton_inflight_is_continuous_batching_with_kv_known() -> None:
+def test_triton_inflight_is_continuous_batching_with_kv_known_tokens_unknown() -> None:
     h = Harness(Engine.TRITON, TritonSpec(batching="inflight"))
     h.send(0, output=100)
     h.send(10)  # joins the running batch
     assert len(h.sim.running) == 2
     s = h.sample(250)
-    assert s.unknown == () and s.kv_usage > 0 and s.queue_p95_ms == 0.0
+    # KV use known (kv_cache_block_metrics); no token counters on TensorRT-LLM (adapters/triton.py)
+    assert s.unknown == ("generation_tokens_per_s", "prompt_tokens_per_s") and s.kv_usage > 0 and s.queue_p95_ms == 0.0
 
 
 # --- DeepSpeed-MII --------------------------------------------------------------------------------
