@@ -34,7 +34,9 @@ summed over ``version`` and ``gpu_uuid`` labels for ``model``:
   (``statistics()["running_source"] == "no_baseline"``).
 * Mean queue time over the interval = ``Δnv_inference_queue_duration_us / Δnv_inference_request_success``
   (Triton's k8s example uses the same ratio); ``None`` when no request succeeded; kept in
-  ``statistics()["mean_queue_ms"]``.
+  ``statistics()["mean_queue_ms"]``; the compute side apart from it, the mean time of one model
+  execution ``Δnv_inference_compute_infer_duration_us / Δnv_inference_exec_count``, in
+  ``statistics()["mean_compute_ms"]``.
 * ``queue_p95_ms`` (the demand signal Triton deployments scale on against a 120 ms target): the
   ``quantile="0.95"`` sample of ``nv_inference_queue_summary_us`` when Triton runs with
   ``--metrics-config summary_latencies=true`` (the deploy manifests set it; largest over versions; a
@@ -122,6 +124,8 @@ TTFT_QUANTILE = 0.99
 PENDING = "nv_inference_pending_request_count"
 SUCCESS = "nv_inference_request_success"
 COUNT = "nv_inference_count"
+EXEC_COUNT = "nv_inference_exec_count"
+COMPUTE_INFER_US = "nv_inference_compute_infer_duration_us"
 QUEUE_US = "nv_inference_queue_duration_us"
 REQUEST_US = "nv_inference_request_duration_us"
 GPU_TOTAL = "nv_gpu_memory_total_bytes"
@@ -188,6 +192,8 @@ class _Scrape:
     first_response: tuple[tuple[float, float], ...] | None
     tokens: tuple[float, float] | None = None
     """(prompt, generation) token counters of the vLLM backend; None when not exported."""
+    compute: tuple[float, float] | None = None
+    """(executions, compute-infer µs) counters; None without the latency counters."""
 
 
 @dataclass(slots=True)
@@ -198,6 +204,9 @@ class DriverStatistics:
     exiting: int = 0
     last_error: str = ""
     mean_queue_ms: float | None = None
+    mean_compute_ms: float | None = None
+    """Mean time of one model execution over the interval (``Δcompute_infer_duration_us /
+    Δexec_count``): the compute side of a request's latency, apart from its queue time."""
     inferences_per_s: float = 0.0
     running_source: str = "no_baseline"
     kv_source: str = "absent"
@@ -400,6 +409,7 @@ class TritonDriver:
             s.gpu_metrics = parsed.gpu is not None
             s.ttft_source = "first_response_histogram" if current.first_response is not None else "absent"
             mean_queue_ms = s.mean_queue_ms
+            s.mean_compute_ms = _mean_compute_ms(previous, current)
             if parsed.queue_p95_us is not None:
                 queue_p95_ms, s.queue_source = parsed.queue_p95_us / 1000.0, "summary"
             else:
@@ -429,6 +439,7 @@ class TritonDriver:
             s = self._stats
             return {"scrapes": s.scrapes, "malformed": s.malformed, "unreachable": s.unreachable,
                     "exiting": s.exiting, "last_error": s.last_error, "mean_queue_ms": s.mean_queue_ms,
+                    "mean_compute_ms": s.mean_compute_ms,
                     "inferences_per_s": s.inferences_per_s, "running_source": s.running_source,
                     "kv_source": s.kv_source, "gpu_metrics": s.gpu_metrics, "ttft_source": s.ttft_source,
                     "queue_source": s.queue_source, "token_source": s.token_source}
@@ -477,10 +488,12 @@ class TritonDriver:
         queue_p95 = self._queue_p95_us(families)
         prompt, generated = model_sum(VLLM_PROMPT_TOKENS, False), model_sum(VLLM_GENERATION_TOKENS, False)
         tokens = None if prompt is None or generated is None else (prompt, generated)
+        execs, infer_us = model_sum(EXEC_COUNT, False), model_sum(COMPUTE_INFER_US, False)
+        compute = None if execs is None or infer_us is None else (execs, infer_us)
         first = cumulative_buckets([(s.labels, float(s.value)) for s in families.get(FIRST_RESPONSE, [])
                                      if s.name == FIRST_RESPONSE + "_bucket" and s.labels.get("model") == self.model])
         return _Parsed(
-            scrape=_Scrape(now_ms, success, count, queue_us, request_us, first, tokens),
+            scrape=_Scrape(now_ms, success, count, queue_us, request_us, first, tokens, compute),
             waiting=check_count(PENDING if trt_waiting is None else f"{PENDING} + {TRT_REQUESTS}", waiting, engine=ENGINE),
             trt_running=(None if trt_scheduled is None else
                          check_count(_field(TRT_REQUESTS, {"request_type": "scheduled"}), trt_scheduled, engine=ENGINE)),
@@ -573,6 +586,15 @@ def _derived(previous: _Scrape | None, current: _Scrape) -> tuple[int, str, floa
     running = min(engine_http.MAX_COUNT, math.floor(d_busy / elapsed_us + 0.5))  # an estimate: capped to the wire
     mean_queue_ms = d_queue / d_success / 1000.0 if d_success > 0 else None
     return running, "littles_law", mean_queue_ms, rate
+
+
+def _mean_compute_ms(previous: _Scrape | None, current: _Scrape) -> float | None:
+    """Mean ms of one execution between two scrapes; None without both counters or executions."""
+    if previous is None or previous.compute is None or current.compute is None:
+        return None
+    d_exec = counter_delta(previous.compute[0], current.compute[0])
+    d_us = counter_delta(previous.compute[1], current.compute[1])
+    return d_us / d_exec / 1000.0 if d_exec > 0 else None
 
 
 def _token_rates(previous: _Scrape | None, current: _Scrape) -> tuple[float, float] | None:

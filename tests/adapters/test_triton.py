@@ -272,6 +272,8 @@ def test_running_and_queue_time_from_deltas(fake: FakeTritonServer) -> None:
     assert s.running == 3
     st = d.statistics()
     assert (st["running_source"], st["mean_queue_ms"], st["inferences_per_s"]) == ("littles_law", 2.0, 20.0)
+    # compute apart from queueing: (6.08 s of execution - 0.08 s of queue) over 40 executions = 150 ms
+    assert st["mean_compute_ms"] == pytest.approx(150.0)
     assert logs == [{"event": "triton.sample", "log_level": "debug", "base_url": fake.metrics_url, "model": MODEL,
                      "waiting": 0, "running": 3, "mean_queue_ms": 2.0, "queue_p95_ms": 2.0}]
     s = d.sample(IID, DEP, 3_000)  # nothing new
