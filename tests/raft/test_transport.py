@@ -358,8 +358,16 @@ def test_after_emfile_on_accept_the_member_accepts_again_and_the_group_regains_q
         # expires it has no leader, and it cannot get one back until it accepts again
         wait_until(lambda: a.ask("status")["leader"] is None, 15.0, "a to be without a leader while it cannot accept")
         a.ask("release")
-        holder, _ = wait_holder([a, b], 30.0)
-        assert holder.ask("commit 0 5", timeout_s=30) == {"ok": True, "done": 5}
+        # The regained leadership may move once more on a loaded machine (b's election timer fires while
+        # a catches up): a proposal refused before anything was committed ("at": 0) is asked again of
+        # the then holder, within a deadline; anything else is the answer.
+        deadline = time.monotonic() + 60.0
+        while True:
+            holder, _ = wait_holder([a, b], 30.0)
+            got = holder.ask("commit 0 5", timeout_s=30)
+            if got.get("ok") or got.get("at") != 0 or time.monotonic() > deadline:
+                break
+        assert got == {"ok": True, "done": 5}
         counters = a.ask("transport")["counters"]
         lines = [ln for ln in a.log_tail(200_000).splitlines() if "accept() failed" in ln]
         print(f"a held {held} descriptors; {counters['emfile_backoffs']} accept() back-offs, {len(lines)} log line(s)")
