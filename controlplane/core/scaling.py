@@ -275,7 +275,8 @@ def _feedback(signals: FilteredSignals, name: str) -> float | None:
 def _stable_demand(
     policy: ScalingPolicy, profile: ModelProfile | None, slo: Slo, signals: FilteredSignals, current: int
 ) -> dict[str, float]:
-    out = demand(policy, profile, {k: v for k, v in signals.stable.items() if k not in signals.unknown})
+    stable = signals.stable if not signals.unknown else {k: v for k, v in signals.stable.items() if k not in signals.unknown}
+    out = demand(policy, profile, stable)
     if signals.serving >= current:  # not while capacity is on its way (module doc)
         t = ttft_demand(policy, slo, _feedback(signals, "ttft_p99_ms"), signals.serving)
         if t is not None:
@@ -290,7 +291,7 @@ def _hold_unknown(stage: _Stage, signals: FilteredSignals, current: int) -> _Sta
     """No scale-down on a load that is not wholly known: with no load signal known, or one known
     only in part, this tick, the load may be higher than what was counted (the 0 of an engine that
     cannot report a metric is not "idle")."""
-    if stage.target >= current or (signals.known_load and not signals.partial):
+    if stage.target >= current or (not signals.partial and signals.known_load):
         return stage
     if not signals.known_load:
         why = f"no load signal is known ({', '.join(sorted(signals.unknown)) or 'none reported'})"
@@ -542,7 +543,7 @@ def decide(
         stage = _ahead(deployment, slo, stage, usable, current)
     target = stage.target
     # A load not wholly known is not recorded: the forecast would learn a lower bound as demand.
-    recorded = _load_demand(proposals, signals.serving) if signals.known_load and not signals.partial else None
+    recorded = _load_demand(proposals, signals.serving) if not signals.partial and signals.known_load else None
     next_memory = ScaleMemory(
         recs=recs,
         panic_until_ms=panic.until_ms,

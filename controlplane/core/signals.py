@@ -207,6 +207,8 @@ class FilteredSignals:
     @property
     def known_load(self) -> tuple[str, ...]:
         """Load signals every serving instance reported at the last tick."""
+        if not self.unknown and not self.partial:
+            return LOAD_SIGNALS  # the common case, without a scan
         return tuple(n for n in LOAD_SIGNALS if n not in self.unknown and n not in self.partial)
 
 
@@ -265,8 +267,9 @@ def filtered(
     stable: dict[str, float] = {}
     panic: dict[str, float] = {}
     latest: dict[str, float] = {}
-    for name in SIGNALS:
-        f = filter_of(mem, name)
+    for name, f in mem.filters:
+        if not f.buckets:
+            continue  # never fed or everything left the window (queue time on most engines)
         mean = window_mean(f, now_ms, policy.stable_window_ms)
         if mean is None:
             continue

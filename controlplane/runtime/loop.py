@@ -426,6 +426,8 @@ class ControlLoop:
             by_dep.setdefault(inst.deployment, []).append(s)
             target = state.deployments[inst.deployment].policy.target_concurrency
             loads[s.instance_id] = min(1.0, max(s.kv_usage, (s.running + s.waiting) / target))
+        # an instance sampled twice in one batch (replayed) is one instance: count ids then
+        duplicated = len(loads) < sum(len(v) for v in by_dep.values())
         gateway = dict(obs.gateway_waiting)
         serving: dict[DeploymentId, int] = {}
         for inst in state.instances.values():
@@ -436,7 +438,8 @@ class ControlLoop:
             d = state.deployments[dep_id]
             samples = by_dep.get(dep_id, [])
             # A serving instance that sent no sample leaves the load partly unknown (no scale-down).
-            unsampled = max(0, serving.get(dep_id, 0) - len({s.instance_id for s in samples}))
+            sampled = len({s.instance_id for s in samples}) if duplicated else len(samples)
+            unsampled = max(0, serving.get(dep_id, 0) - sampled)
             agg = signals.aggregate(samples, len(samples), gateway.get(dep_id, 0), now_ms, unsampled=unsampled)
             mem = signals.update(self._filters.get(dep_id, signals.EMPTY_SIGNALS), agg, d.policy, now_ms)
             self._filters[dep_id] = mem
