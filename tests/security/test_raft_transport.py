@@ -180,7 +180,10 @@ def _send_frames(address: str, payloads: list[bytes]) -> None:
     host, _, port = address.rpartition(":")
     with socket.create_connection((host, int(port)), timeout=5) as s:
         for p in payloads:
-            s.sendall(struct.pack("<i", len(p)) + p)
+            try:
+                s.sendall(struct.pack("<i", len(p)) + p)
+            except (ConnectionResetError, BrokenPipeError):
+                return  # the member hung up on the garbage before all of it was sent: what it should do
         s.settimeout(2)
         try:
             s.recv(1024)  # until the node answers or hangs up
