@@ -43,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic import ValidationError as PydanticValidationError
 
 from adapters.gpu import GpuMemory
+from adapters.node_maps import NodeMapLister
 from controlplane.domain.errors import ValidationError
 from controlplane.domain.ids import ClusterId
 from controlplane.domain.observations import GpuReport, GpuUnit
@@ -52,7 +53,6 @@ log = structlog.get_logger("adapters.gpu_report")
 NODE_LABEL = "controlplane.io/gpu-memory"
 """Label of the per-node ConfigMaps (value ``node``)."""
 DATA_KEY = "gpus.json"
-MAX_NODES = 5_000
 MAX_RECORD_BYTES = 256 * 1024
 """A node record above this is refused (a node has at most a few dozen units)."""
 MAX_BYTES = 1 << 50
@@ -174,37 +174,25 @@ class NodeGpuReader:
     """Lists the per-node ConfigMaps through the Kubernetes API (``list configmaps`` in one namespace)."""
 
     def __init__(self, core: Any, config: GpuReportConfig, clock_ms: Callable[[], int], timeout_s: float) -> None:
-        self._core = core
         self._cfg = config
-        self._clock_ms = clock_ms
-        self._timeout_s = timeout_s
+        self._lister = NodeMapLister(core, config.namespace, config.selector, config.refresh_s, clock_ms, timeout_s,
+                                     what="gpu_report")
         self._report: GpuReport | None = None
         self._sent: GpuReport | None = None
-        self._next_ms = 0
         self._warned: dict[str, str] = {}
         """ConfigMap -> the last problem logged for it (each bad content is logged once)."""
-        self.failures = 0
         self.rejected = 0
 
-    def report(self) -> GpuReport | None:
-        """The latest report (refreshed when due); None until a list has succeeded."""
-        from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError as Urllib3Error
+    @property
+    def failures(self) -> int:
+        return self._lister.failures
 
-        now = self._clock_ms()
-        if now >= self._next_ms:
-            self._next_ms = now + int(self._cfg.refresh_s * 1000)
-            try:
-                maps = self._core.list_namespaced_config_map(
-                    self._cfg.namespace, label_selector=self._cfg.selector, limit=MAX_NODES,
-                    _request_timeout=self._timeout_s)
-                if maps.metadata is not None and maps.metadata._continue:
-                    raise OSError(f"more than {MAX_NODES} GPU nodes: not all of them were read")
-                self._report = self.report_from(((m.metadata.name, m.data) for m in maps.items or ()), now)
-            except (ApiException, Urllib3Error, OSError) as exc:
-                self.failures += 1
-                reason = f"HTTP {exc.status} {exc.reason}" if isinstance(exc, ApiException) else str(exc)
-                log.warning("gpu_report.list_failed", namespace=self._cfg.namespace, reason=reason)
+    def report(self) -> GpuReport | None:
+        """The latest report (refreshed when due); None until a list has succeeded (a failed list
+        keeps the last one)."""
+        listed = self._lister.due()
+        if listed is not None:
+            self._report = self.report_from(listed[1], listed[0])
         return self._report
 
     def report_from(self, maps: Iterable[tuple[str, Mapping[str, str] | None]], now_ms: int) -> GpuReport:

@@ -22,21 +22,16 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping
 
-import structlog
 from kubernetes import client as k8s
-from kubernetes.client.exceptions import ApiException
 from pydantic import BaseModel, ConfigDict, Field
-from urllib3.exceptions import HTTPError as Urllib3Error
 
-log = structlog.get_logger("adapters.model_cache")
+from adapters.node_maps import NodeMapLister
 
 NODE_LABEL = "controlplane.io/model-cache"
 """Label of the per-node ConfigMaps (value ``node``) and of the cache nodes (value ``enabled``)."""
 MODELS_KEY = "models"
 """ConfigMap data key: the models complete on the node, one name a line."""
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
-MAX_NODES = 5_000
-"""Most ConfigMaps read per list (Kubernetes' own limit of nodes per cluster)."""
 
 
 class ModelCacheConfig(BaseModel):
@@ -66,29 +61,18 @@ class NodeCacheReader:
 
     def __init__(self, core: k8s.CoreV1Api, config: ModelCacheConfig, clock_ms: Callable[[], int],
                  timeout_s: float) -> None:
-        self._core = core
-        self._cfg = config
-        self._clock_ms = clock_ms
-        self._timeout_s = timeout_s
+        self._lister = NodeMapLister(core, config.namespace, config.selector, config.refresh_s, clock_ms, timeout_s,
+                                     what="model_cache")
         self._models: tuple[str, ...] | None = None
-        self._next_ms = 0
-        self.failures = 0
+
+    @property
+    def failures(self) -> int:
+        return self._lister.failures
 
     def models(self) -> tuple[str, ...] | None:
-        """The cached models (refreshed when due); None until a list has succeeded."""
-        now = self._clock_ms()
-        if now >= self._next_ms:
-            self._next_ms = now + int(self._cfg.refresh_s * 1000)
-            try:
-                maps = self._core.list_namespaced_config_map(
-                    self._cfg.namespace, label_selector=self._cfg.selector, limit=MAX_NODES,
-                    _request_timeout=self._timeout_s)
-                if maps.metadata is not None and maps.metadata._continue:
-                    raise OSError(f"more than {MAX_NODES} cache nodes: not all of them were read")
-                self._models = cached_models(m.data for m in maps.items or ())
-            except (ApiException, Urllib3Error, OSError) as exc:
-                self.failures += 1
-                reason = f"HTTP {exc.status} {exc.reason}" if isinstance(exc, ApiException) else str(exc)
-                log.warning("model_cache.list_failed", namespace=self._cfg.namespace, reason=reason,
-                            keeping=self._models)
+        """The cached models (refreshed when due); None until a list has succeeded (a failed list
+        keeps the last ones)."""
+        listed = self._lister.due()
+        if listed is not None:
+            self._models = cached_models(data for _, data in listed[1])
         return self._models

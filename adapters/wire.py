@@ -4,6 +4,8 @@ adapter's clock onto the receiver's (see :class:`adapters.client.ClockMap`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from controlplane.api.v1 import adapter_pb2
 from controlplane.domain.engines import LOAD_FIELDS
 from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId
@@ -48,10 +50,10 @@ def sample_message(s: InstanceSample) -> adapter_pb2.InstanceSample:
     return msg
 
 
-def unknown_fields(names: object) -> tuple[str, ...]:
+def unknown_fields(names: Iterable[str]) -> tuple[str, ...]:
     """A peer's ``unknown`` list as a sample's: only :data:`LOAD_FIELDS` names, sorted, once each. A
     name this version does not know is dropped (a newer adapter may know more fields)."""
-    return tuple(sorted({str(n) for n in names} & set(LOAD_FIELDS)))  # type: ignore[attr-defined]
+    return tuple(sorted({str(n) for n in names} & set(LOAD_FIELDS)))
 
 
 def observations_of(batch: adapter_pb2.ObservationBatch, shift_ms: int = 0) -> Observations:

@@ -36,6 +36,7 @@ from controlplane.domain.tokens import Role, TokenRecord, parse_token
 from controlplane.domain.topology import Cluster
 from controlplane.fencing import FenceSigner
 from controlplane.member import RaftMember, build_member
+from controlplane.core.signals import FilteredSignals
 from controlplane.runtime.clock import wall_ms
 from controlplane.runtime.loop import ControlLoop
 from controlplane.forecast.service import HistoryForecaster
@@ -277,9 +278,8 @@ class Coordinator:
                 value = getattr(sig, "ttft_p99_ms", None)
                 if value is not None:
                     ttft[str(dep_id)] = value
-                missing = getattr(sig, "unknown", frozenset()) | getattr(sig, "partial", frozenset())
-                if missing:
-                    unknown[str(dep_id)] = missing
+                if isinstance(sig, FilteredSignals) and (sig.unknown or sig.partial):
+                    unknown[str(dep_id)] = sig.unknown | sig.partial
         return MetricsView(
             node_id=st.node_id, zone=st.zone, raft_leader=st.role == "leader", term=st.term,
             commit_index=st.commit_index, applied_index=st.applied_index,

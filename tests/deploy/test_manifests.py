@@ -150,7 +150,7 @@ def backend_calls() -> set[tuple[str, str, str]]:
     """What adapters/kubernetes.py calls, read from its source (so a new call fails this test until
     the Role grants it, and a dropped one until the Role stops granting it)."""
     source = "\n".join((REPO / "adapters" / name).read_text(encoding="utf-8")
-                        for name in ("kubernetes.py", "kube_drain.py", "model_cache.py"))
+                        for name in ("kubernetes.py", "kube_drain.py", "model_cache.py", "node_maps.py"))
     methods = set(re.findall(r"self\._(?:apps|core)\.(\w+)", source))
     unknown = methods - set(_CALLS)
     assert not unknown, f"adapters/kubernetes.py calls {sorted(unknown)}: add them to _CALLS and to the Role"

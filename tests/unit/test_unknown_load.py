@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from adapters.wire import observations_of, sample_message, unknown_fields
 from controlplane.api.v1 import adapter_pb2
@@ -166,9 +168,6 @@ def test_unknown_and_queue_time_cross_the_adapter_wire() -> None:
 
 
 # --- property: whatever the samples say, a tick whose load is not wholly known never scales down ------
-
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
 
 _one = st.tuples(
     st.integers(0, 200), st.integers(0, 200), st.floats(0, 1), st.floats(0, 20_000),
