@@ -35,6 +35,18 @@ def age(ms: int, now: int | None = None) -> str:
     return f"{s // 86400}d"
 
 
+def rfc3339(ms: int) -> str:
+    """``2026-12-02T17:41:23.125Z`` (UTC, RFC 3339, milliseconds only when not zero); ``-`` for 0.
+
+    Every time a person reads (describe, yaml, messages) is written like this; JSON keeps the raw
+    milliseconds under their own ``...Ms`` names next to it."""
+    if not ms:
+        return "-"
+    base = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000))
+    frac = ms % 1000
+    return f"{base}.{frac:03d}Z" if frac else f"{base}Z"
+
+
 def clock(ms: int) -> str:
     if not ms:
         return "-"
