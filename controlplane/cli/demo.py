@@ -60,6 +60,18 @@ from typing import Any
 
 from adapters.simulated import SimulatedBackend, SimulatedConfig
 from controlplane.domain.errors import ControlPlaneError
+from controlplane.cli.demo_view import (
+    MAX_EVENTS,
+    BreakerRow,
+    DeploymentRow,
+    EventRow,
+    LiveFrame,
+    NodeRow,
+    ViewState,
+    nearest_rank_p99,
+    plain_line,
+    serving,
+)
 from controlplane.domain.ids import local_name, qualified_id
 
 ZONE_COUNT = 3
@@ -115,6 +127,8 @@ LOAD_OFFSET_S = 100_000.0
 DEFAULT_DURATION_S = 150
 SETUP_TIMEOUT_S = 60.0
 PLAIN_EVERY_S = 5.0
+TTFT_WINDOW_S = 5.0
+"""The live view's and the plot's TTFT p99 is over the requests that finished this long before."""
 DEFAULT_TRACE_ZONE_PEAK = BURST_RPS
 
 
@@ -186,14 +200,19 @@ class TtftScore:
         self._lock = threading.Lock()
         self._met: dict[str, int] = {d: 0 for d in slo_ms}
         self._ttfts: dict[str, list[int]] = {d: [] for d in slo_ms}
+        self._recent: dict[str, list[int]] = {d: [] for d in slo_ms}
+        """Since the last :meth:`take_recent`: each finished request's TTFT, each drop's wait."""
 
     def __call__(self, req: Any, now_ms: int) -> None:
+        dep = local_name(req.deployment)  # the backend knows the id, "<tenant>/<name>"
         if req.dropped:
+            with self._lock:
+                self._recent[dep].append(now_ms - req.arrival_ms)  # at least this long without a first token
             return
         ttft = req.first_token_ms - req.arrival_ms
-        dep = local_name(req.deployment)  # the backend knows the id, "<tenant>/<name>"
         with self._lock:
             self._ttfts[dep].append(ttft)
+            self._recent[dep].append(ttft)
             if ttft <= self.slo_ms[dep]:
                 self._met[dep] += 1
 
@@ -208,6 +227,11 @@ class TtftScore:
     def ttft_lists(self) -> dict[str, list[int]]:
         with self._lock:
             return {d: list(xs) for d, xs in self._ttfts.items()}
+
+    def take_recent(self) -> dict[str, list[int]]:
+        with self._lock:
+            recent, self._recent = self._recent, {d: [] for d in self.slo_ms}
+        return recent
 
 
 @dataclass
@@ -331,7 +355,7 @@ class Watcher(threading.Thread):
         self._factory = client_factory
         self.mirror = mirror
         self.lock = threading.Lock()
-        self.recent: deque[str] = deque(maxlen=7)
+        self.recent: deque[EventRow] = deque(maxlen=MAX_EVENTS)
         self.transitions = 0
         self.decisions: list[tuple[float, str, int, str]] = []
         self.notices: list[str] = []
@@ -360,18 +384,19 @@ class Watcher(threading.Thread):
                 if not hasattr(ev, "type"):  # a Notice: the stream moved to another node
                     with self.lock:
                         self.notices.append(ev.message)
-                        self.recent.append(f"{self._rel():6.1f}s  watch: {ev.message[:90]}")
+                        self.recent.append(EventRow(round(self._rel(), 1), "watch", "moved", ev.message))
                     continue
                 with self.lock:
                     if ev.type == "TRANSITION":
                         self.transitions += 1
                         self.mirror.feed(ev.cluster, ev.deployment, ev.event, ev.at_ms)
                         if ev.event in ("create", "warmed", "drain", "warmup_failed", "lost"):
-                            self.recent.append(f"{self._rel():6.1f}s  {ev.deployment:5} {ev.name[-18:]:18} "
-                                               f"{ev.event:8} -> {ev.to_state.lower():9} {ev.zone}")
+                            self.recent.append(EventRow(round(self._rel(), 1), ev.deployment, ev.name,
+                                                        f"{ev.event} -> {ev.to_state.lower()} in {ev.zone}"))
                     elif ev.type == "DECIDED":
                         self.decisions.append((self._rel(), ev.deployment, ev.replicas, ev.reason))
-                        self.recent.append(f"{self._rel():6.1f}s  {ev.deployment:5} decided {ev.replicas} ({ev.reason[:48]})")
+                        self.recent.append(EventRow(round(self._rel(), 1), ev.deployment,
+                                                    f"decided {ev.replicas}", ev.reason))
         except _Stop:
             return
         except Exception as exc:  # noqa: BLE001 - the watch is a view; the demo goes on without it
@@ -396,6 +421,8 @@ class DemoArgs:
     duration_s: float = DEFAULT_DURATION_S
     live: bool = True
     out: str = "out"
+    record_view: str | None = None
+    """A JSON line per live-view frame (``python -m controlplane.cli.demo_view FILE`` plays it back)."""
 
 
 class Demo:
@@ -427,6 +454,11 @@ class Demo:
         self.last_holder: tuple[str, int] = ("", 0)
         self.unplanned: list[dict[str, Any]] = []
         """Lease changes the demo did not cause (a holder that missed its renewals)."""
+        self.ttft_window: dict[str, deque[tuple[float, list[int]]]] = {t.deployment: deque() for t in TENANTS}
+        """Per deployment: (sample time, the TTFTs and drop waits that came in since the sample before)."""
+        self.ttft_p99: dict[str, float | None] = {t.deployment: None for t in TENANTS}
+        self.preemptions: list[dict[str, Any]] = []
+        """Per poll that saw newly preempted instances: when, whose, which."""
         self._shut = False
 
     # -- plumbing -------------------------------------------------------------------------------
@@ -556,7 +588,7 @@ class Demo:
         deadline = time.monotonic() + SETUP_TIMEOUT_S
         while True:
             self.poll_deployments()
-            if all(_serving(d.by_state) >= t.min_replicas for t, d in zip(TENANTS, self.deps.values())):
+            if all(serving(d.by_state) >= t.min_replicas for t, d in zip(TENANTS, self.deps.values())):
                 return
             if time.monotonic() > deadline:
                 raise ControlPlaneError(f"demo: the minimum replicas never became ready (logs in {self.base})")
@@ -614,16 +646,21 @@ class Demo:
                 d.by_state = dict(item.status.replicas_by_state)
                 d.peak_desired = max(d.peak_desired, d.desired)
                 if self.t0[0]:
-                    d.peak_serving = max(d.peak_serving, _serving(d.by_state))
+                    d.peak_serving = max(d.peak_serving, serving(d.by_state))
             for d in self.deps.values():
                 got = self.api.call("Deployments", "GetDeployment", api_pb2.GetRequest(name=qualified_id(d.tenant, d.name)))
                 zones: dict[str, dict[str, int]] = {}
+                fresh = []
                 for inst in got.status.instances:
                     zones.setdefault(inst.zone, {}).setdefault(inst.state, 0)
                     zones[inst.zone][inst.state] += 1
-                    if inst.preempted:
+                    if inst.preempted and inst.id not in d.preempted_ids:
                         d.preempted_ids.add(inst.id)
+                        fresh.append(inst.id)
                 d.by_zone_state = zones
+                if fresh:
+                    self.preemptions.append({"t_s": round(self.t(), 2), "deployment": d.name, "tenant": d.tenant,
+                                             "count": len(fresh), "instances": sorted(fresh)})
         except (ApiError, Unreachable) as exc:
             self.log_lines.append(f"{self.t():6.1f}s  read failed, retrying: {str(exc)[:80]}")
 
@@ -641,6 +678,7 @@ class Demo:
         stats = self.stats()
         self.last_stats = stats
         self.rate_window.append((now, {d: s["arrived"] for d, s in stats.items()}))
+        self.sample_ttfts(now)
         holder = self.holder()
         if holder is not None and holder.node_id != self.last_holder[0] and holder.epoch > self.last_holder[1]:
             f = self.failover
@@ -653,13 +691,25 @@ class Demo:
         point: dict[str, Any] = {"t_s": round(now, 2), "holder": holder.node_id if holder else "",
                                  "epoch": holder.epoch if holder else 0}
         for name, d in self.deps.items():
-            point[name] = {"desired": d.desired, "serving": _serving(d.by_state),
+            point[name] = {"desired": d.desired, "serving": serving(d.by_state),
                            "starting": d.by_state.get("pending", 0) + d.by_state.get("warming", 0),
                            "draining": d.by_state.get("draining", 0), "offered_rps": self.offered(name, now),
                            "arrival_rps": round(self.arrival_rate(name), 2), "preempted": len(d.preempted_ids),
-                           "slo": _attainment(stats[name]),
-                           "serving_by_zone": {z: _serving(st) for z, st in sorted(d.by_zone_state.items())}}
+                           "slo": _attainment(stats[name]), "ttft_p99_ms": self.ttft_p99[name],
+                           "serving_by_zone": {z: serving(st) for z, st in sorted(d.by_zone_state.items())}}
         self.timeline.append(point)
+
+    def sample_ttfts(self, now: float) -> None:
+        """TTFT p99 per deployment over the last ``TTFT_WINDOW_S`` (drops count with their wait)."""
+        fresh: dict[str, list[int]] = {d: [] for d in self.ttft_window}
+        for b in self.backends.values():
+            for dep, xs in b.score.take_recent().items():
+                fresh[dep].extend(xs)
+        for dep, window in self.ttft_window.items():
+            window.append((now, fresh[dep]))
+            while window and window[0][0] <= now - TTFT_WINDOW_S:
+                window.popleft()
+            self.ttft_p99[dep] = nearest_rank_p99([x for _, xs in window for x in xs])
 
     def offered(self, deployment: str, t_s: float) -> float:
         return round(self.workload.rate(deployment, t_s) * ZONE_COUNT, 3)
@@ -758,7 +808,7 @@ class Demo:
         if self.live:
             from rich.live import Live
 
-            live_ctx = Live(self.render(), refresh_per_second=4, transient=False, auto_refresh=False)
+            live_ctx = Live(LiveFrame(self.view_state()), refresh_per_second=4, transient=False, auto_refresh=False)
         next_view = next_plain = 0.0
         f = self.failover
         with live_ctx as live:
@@ -786,84 +836,55 @@ class Demo:
                         f.rejoined_at_s = self.t()
                         self.nodes[f.killed].note = "rejoined"
                         self.say(f"{f.killed} rejoined (follows {f.new_holder})")
+                    state = self.view_state()
+                    self.record(state)
                     if live is not None:
-                        live.update(self.render(), refresh=True)
+                        live.update(LiveFrame(state), refresh=True)
                     elif now >= next_plain:
                         next_plain = now + PLAIN_EVERY_S
-                        print(self.plain_line(), flush=True)
+                        print(plain_line(state), flush=True)
                 pending_failover = f.killed_at_s is not None and f.failover_ms is None
                 self._sleep(0.05 if pending_failover else 0.1)
 
-    # -- views ----------------------------------------------------------------------------------
-    def plain_line(self) -> str:
-        h = self.holder()
-        parts = [f"t={self.t():5.1f}s", f"lease {h.node_id}@{h.epoch}" if h else "lease -"]
-        for name, d in self.deps.items():
-            s = self.last_stats.get(name, {})
-            parts.append(f"{name}: desired {d.desired} serving {_serving(d.by_state)} "
-                         f"load {self.arrival_rate(name):.1f}/s SLO {_pct(_attainment(s))} preempted {len(d.preempted_ids)}")
-        return "demo: " + " | ".join(parts)
-
-    def render(self):
-        from rich import box
-        from rich.console import Group
-        from rich.panel import Panel
-        from rich.table import Table
-
-        t = self.t()
-        h = self.holder()
-        head = (f"[b]controlplane demo[/b]  t = {t:5.1f} / {self.duration:.0f} s   workload: {self.workload.name}   "
-                f"lease: [b]{h.node_id if h else '-'}[/b] epoch {h.epoch if h else '-'}")
-        nodes = Table(title="coordinators (Admin.Status)", box=box.SIMPLE_HEAD, expand=True, title_justify="left",
-                      padding=(0, 1))
-        for col in ("node", "zone", "pid", "role", "term", "raft leader", "lease holder@epoch", "lease left here",
-                    "applied", ""):
-            nodes.add_column(col)
-        for n in self.nodes.values():
-            if not n.reachable:
-                nodes.add_row(n.node_id, n.zone, str(n.pid or "-"), "[red]down[/red]", "", "", "", "", "", n.note)
-                continue
-            role = f"[green]{n.role}[/green]" if n.role == "leader" else n.role
-            nodes.add_row(n.node_id, n.zone, str(n.pid), role, str(n.term), n.leader or "-",
-                          f"{n.holder or '-'}@{n.epoch}", f"{n.remaining_ms} ms", str(n.applied), n.note)
-        f = self.failover
-        fo = "failover: at 55 % of the run the lease holder is SIGKILLed"
-        if f.killed_at_s is not None:
-            fo = f"failover: killed {f.killed} (epoch {f.killed_epoch}) at {f.killed_at_s:.1f} s"
-            if f.failover_ms is not None and not math.isnan(f.failover_ms):
-                fo += f" -> {f.new_holder} epoch {f.new_epoch} after [b]{f.failover_ms:.0f} ms[/b]"
-            if f.restarted_at_s is not None:
-                fo += f"; restarted at {f.restarted_at_s:.1f} s" + (", rejoined" if f.rejoined_at_s else "")
-        zones = [n.zone for n in self.plan]
-        deps = Table(title="deployments (ListDeployments / GetDeployment; load and SLO from the simulated clusters)",
-                     box=box.SIMPLE_HEAD, expand=True, title_justify="left", padding=(0, 1))
-        for col in ["deployment", "tenant", "desired", "by state", *zones, "load /s", "offered", "preempted",
-                    "SLO so far", "GPU-s"]:
-            deps.add_column(col)
+    # -- the view ------------------------------------------------------------------------------
+    def view_state(self) -> ViewState:
+        t, h = self.t(), self.holder()
+        deployments = []
         for tp in TENANTS:
-            d = self.deps[tp.deployment]
-            s = self.last_stats.get(d.name, {})
+            d, s = self.deps[tp.deployment], self.last_stats.get(tp.deployment, {})
             gpu_s = (s.get("gpu_ms", 0.0) - self.base_gpu_ms.get(d.name, 0.0)) / 1000 if s else 0.0
-            deps.add_row(d.name, f"{tp.tenant} (p{tp.priority})", str(d.desired), _states(d.by_state),
-                         *[_states(d.by_zone_state.get(z, {})) for z in zones],
-                         f"{self.arrival_rate(d.name):.1f}", f"{self.offered(d.name, t):.1f}", str(len(d.preempted_ids)),
-                         f"{_pct(_attainment(s))} (<= {tp.slo_ms} ms)", f"{gpu_s:.0f}")
-        parts: list[str] = []
-        recent: list[str] = []
+            deployments.append(DeploymentRow(
+                d.name, tp.tenant, tp.priority, tp.slo_ms, d.desired, dict(d.by_state),
+                {z: dict(st) for z, st in d.by_zone_state.items()}, len(d.preempted_ids),
+                round(self.arrival_rate(d.name), 2), self.offered(d.name, t), self.ttft_p99[d.name], _attainment(s),
+                s.get("dropped", 0), round(gpu_s, 1)))
+        breakers: list[BreakerRow] = []
+        events: tuple[EventRow, ...] = ()
         if self.watcher is not None and self.mirror is not None:
             with self.watcher.lock:
-                for key, phase in self.mirror.phases().items():
-                    colour = "green" if phase == "closed" else "red"
-                    fails = self.mirror.failures.get(key, 0)
-                    parts.append(f"{key} [{colour}]{phase}[/{colour}]" + (f" ({fails} failures)" if fails else ""))
-                recent = list(self.watcher.recent)
-        breakers = ("[b]breakers[/b] (derived from watched instance events; the API does not expose them): "
-                    + (", ".join(parts) or "-"))
-        events = "\n".join(recent) or "(waiting for events)"
-        log = "\n".join(self.log_lines)
-        return Group(Panel(head + "\n" + fo + "\n" + breakers), nodes, deps,
-                     Panel(events, title="Scaling.Watch (latest)", title_align="left"),
-                     Panel(log, title="demo", title_align="left"))
+                breakers = [BreakerRow(k, p, self.mirror.failures.get(k, 0)) for k, p in self.mirror.phases().items()]
+                events = tuple(self.watcher.recent)
+        nodes = tuple(NodeRow(n.node_id, n.zone, n.pid, n.reachable, n.role, n.term, n.leader, n.holder, n.epoch,
+                              n.remaining_ms, n.applied, n.note) for n in self.nodes.values())
+        return ViewState(round(t, 1), self.duration, self.workload.name, h.node_id if h else "", h.epoch if h else 0,
+                         self.failover_line(), tuple(n.zone for n in self.plan), nodes, tuple(deployments),
+                         tuple(breakers), events, tuple(self.log_lines), TTFT_WINDOW_S)
+
+    def failover_line(self) -> str:
+        f = self.failover
+        if f.killed_at_s is None:
+            return f"failover: at {KILL_AT:.0%} of the run the lease holder is SIGKILLed"
+        line = f"failover: killed {f.killed} (epoch {f.killed_epoch}) at {f.killed_at_s:.1f} s"
+        if f.failover_ms is not None and not math.isnan(f.failover_ms):
+            line += f" -> {f.new_holder} epoch {f.new_epoch} after [b]{f.failover_ms:.0f} ms[/b]"
+        if f.restarted_at_s is not None:
+            line += f"; restarted at {f.restarted_at_s:.1f} s" + (", rejoined" if f.rejoined_at_s else "")
+        return line
+
+    def record(self, state: ViewState) -> None:
+        if self.args.record_view:
+            with open(self.args.record_view, "a", encoding="utf-8") as fh:
+                fh.write(state.to_json() + "\n")
 
     # -- the end --------------------------------------------------------------------------------
     def shutdown(self) -> None:
@@ -923,6 +944,8 @@ class Demo:
             "tenants": tenants,
             "unplanned_lease_changes": self.unplanned,
             "preemptions": sum(len(d.preempted_ids) for d in self.deps.values()),
+            "preemption_events": self.preemptions,
+            "ttft_window_s": TTFT_WINDOW_S,
             "breakers": self.mirror.phases() if self.mirror else {},
             "watch": {"transitions": self.watcher.transitions if self.watcher else 0, "decisions": len(decisions),
                       "notices": list(self.watcher.notices) if self.watcher else []},
@@ -932,114 +955,14 @@ class Demo:
         }
 
     def print_summary(self, summary: dict[str, Any]) -> None:
-        from rich.console import Console
-        from rich.table import Table
+        from controlplane.cli.demo_plot import write_demo_plot
+        from controlplane.cli.demo_view import print_summary
 
         self.out.mkdir(parents=True, exist_ok=True)
         json_path, png_path = self.out / "demo-summary.json", self.out / "demo.png"
         json_path.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
         write_demo_plot(summary, png_path)
-        console = Console() if sys.stdout.isatty() else Console(width=150)
-        table = Table(title=f"controlplane demo: {summary['workload']}, {summary['duration_s']:.0f} s "
-                            f"(+{summary['setup_s']:.0f} s start-up)", title_justify="left")
-        for col in ("tenant", "priority", "deployment", "requests", "dropped", "SLO (TTFT)", "attainment",
-                    "TTFT p50", "TTFT p99", "GPU-s", "replicas min/peak", "preempted"):
-            table.add_column(col, justify="right" if col not in ("tenant", "deployment") else "left")
-        for name, t in summary["tenants"].items():
-            table.add_row(name, str(t["priority"]), t["deployment"], str(t["requests"]), str(t["dropped"]),
-                          f"<= {t['slo_ttft_ms']} ms", _pct(t["slo_attainment"]), _ms(t["ttft_p50_ms"]),
-                          _ms(t["ttft_p99_ms"]), f"{t['gpu_seconds']:.0f}",
-                          f"{t['min_replicas']}/{t['peak_serving_replicas']}", str(t["preempted_instances"]))
-        console.print(table)
-        fo = summary["failover"]
-        if fo["new_holder"]:
-            console.print(f"failover: SIGKILL of {fo['killed']} (epoch {fo['killed_epoch']}) at {fo['killed_at_s']} s -> "
-                          f"{fo['new_holder']} holds epoch {fo['new_epoch']} after {fo['failover_ms']:.0f} ms; "
-                          f"{fo['killed']} restarted at {fo['restarted_at_s']} s"
-                          + (f", rejoined at {fo['rejoined_at_s']} s" if fo["rejoined_at_s"] is not None else ""))
-        console.print(f"preemptions: {summary['preemptions']} instances drained for a higher-priority tenant; "
-                      f"breakers: {', '.join(f'{k} {v}' for k, v in summary['breakers'].items()) or '-'}")
-        for u in summary["unplanned_lease_changes"]:
-            console.print(f"[yellow]note:[/yellow] at {u['t_s']} s the lease moved from {u['from']} to {u['to']} "
-                          f"(epoch {u['epoch']}) without a kill (a holder that missed its renewals)")
-        for p in summary["problems"]:
-            console.print(f"[red]problem:[/red] {p}")
-        console.print(f"summary: {json_path}\nplot:    {png_path}")
-
-
-def write_demo_plot(summary: dict[str, Any], path: Path) -> None:
-    """Per deployment: serving / starting / draining replicas and the desired count against the
-    offered and measured load; the kill and the new lease holder marked. Below: SLO attainment."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    tl = summary["timeline"]
-    names = [t["deployment"] for t in summary["tenants"].values()]
-    fig, axes = plt.subplots(len(names) + 1, 1, figsize=(11, 3.2 * (len(names) + 1)), sharex=True)
-    xs = [p["t_s"] for p in tl]
-    fo = summary["failover"]
-    for ax, (tenant, info) in zip(axes, summary["tenants"].items()):
-        dep = info["deployment"]
-        serving = [p[dep]["serving"] for p in tl]
-        starting = [p[dep]["starting"] for p in tl]
-        draining = [p[dep]["draining"] for p in tl]
-        ax.stackplot(xs, serving, starting, draining, labels=["serving (ready+busy)", "starting", "draining"],
-                     colors=["#2ca02c", "#ffbb78", "#ff9896"], step="post")
-        ax.step(xs, [p[dep]["desired"] for p in tl], where="post", color="black", lw=1, label="desired")
-        ax.set_ylabel("replicas")
-        ax.set_title(f"{dep} (tenant {tenant}, priority {info['priority']}): "
-                     f"{info['preempted_instances']} preempted, SLO attainment {_pct(info['slo_attainment'])}",
-                     fontsize=10, loc="left")
-        load = ax.twinx()
-        load.plot(xs, [p[dep]["offered_rps"] for p in tl], color="#1f77b4", lw=1, ls="--", label="offered load")
-        load.plot(xs, [p[dep]["arrival_rps"] for p in tl], color="#1f77b4", lw=0.8, label="measured arrivals")
-        load.set_ylabel("requests / s")
-        load.set_ylim(bottom=0)
-        h1, l1 = ax.get_legend_handles_labels()
-        h2, l2 = load.get_legend_handles_labels()
-        ax.legend(h1 + h2, l1 + l2, loc="upper left", fontsize=7, ncol=3)
-    slo_ax = axes[-1]
-    for tenant, info in summary["tenants"].items():
-        ys = [p[info["deployment"]]["slo"] for p in tl]
-        slo_ax.plot(xs, [y * 100 if y is not None else float("nan") for y in ys],
-                    label=f"{tenant} (TTFT <= {info['slo_ttft_ms']} ms)")
-    lows = [p[i["deployment"]]["slo"] for p in tl for i in summary["tenants"].values()]
-    low = min((x for x in lows if x is not None), default=1.0)
-    slo_ax.set_ylim(max(0.0, 100 * low - 5), 100.5)
-    slo_ax.set_ylabel("SLO attainment so far (%)")
-    slo_ax.set_xlabel("seconds since the workload started")
-    slo_ax.legend(loc="lower left", fontsize=7)
-    for ax in axes:
-        for u in summary.get("unplanned_lease_changes", []):
-            ax.axvline(u["t_s"], color="orange", lw=1, ls=":")
-        if fo["killed_at_s"] is not None:
-            ax.axvline(fo["killed_at_s"], color="red", lw=1)
-            end = fo["killed_at_s"] + (fo["failover_ms"] or 0) / 1000
-            ax.axvspan(fo["killed_at_s"], end, color="red", alpha=0.15)
-    if fo["killed_at_s"] is not None:
-        label = f"SIGKILL {fo['killed']}"
-        if fo["failover_ms"] is not None:
-            label += f" -> {fo['new_holder']} after {fo['failover_ms']:.0f} ms"
-        axes[0].annotate(label, xy=(fo["killed_at_s"], 0.04), xycoords=("data", "axes fraction"), xytext=(4, 0),
-                         textcoords="offset points", color="red", fontsize=8)
-    fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=100)
-    finally:
-        plt.close(fig)
-
-
-def _serving(by_state: dict[str, int]) -> int:
-    return by_state.get("ready", 0) + by_state.get("busy", 0)
-
-
-def _states(by_state: dict[str, int]) -> str:
-    short = {"pending": "P", "warming": "W", "ready": "R", "busy": "B", "standby": "S", "draining": "D"}
-    parts = [f"{short.get(k, k)}{v}" for k, v in sorted(by_state.items(), key=lambda kv: list(short).index(kv[0])
-                                                       if kv[0] in short else 99) if v]
-    return " ".join(parts) or "-"
+        print_summary(summary, json_path, png_path)
 
 
 def _attainment(s: dict[str, Any]) -> float | None:
@@ -1047,21 +970,18 @@ def _attainment(s: dict[str, Any]) -> float | None:
     return s.get("met", 0) / finished if finished else None
 
 
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f} %"
-
-
-def _ms(x: float | None) -> str:
-    return "-" if x is None else f"{x:.0f} ms"
-
-
 def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 2)
 
 
-def run_cli(trace: str | None, duration_s: float, live: bool, out: str) -> int:
+def run_cli(trace: str | None, duration_s: float, live: bool, out: str, record_view: str | None = None) -> int:
     if duration_s < 20:
         raise ControlPlaneError(f"--duration-s: must be >= 20 (the bursts and the failover need time), got {duration_s:g}")
     if trace is not None and not Path(trace).is_file():
         raise ControlPlaneError(f"--trace: {trace}: no such file")
-    return Demo(DemoArgs(trace=trace, duration_s=duration_s, live=live, out=out)).run()
+    if record_view is not None:
+        try:
+            Path(record_view).write_text("", encoding="utf-8")
+        except OSError as exc:
+            raise ControlPlaneError(f"--record-view: {record_view}: {exc.strerror or exc}") from None
+    return Demo(DemoArgs(trace=trace, duration_s=duration_s, live=live, out=out, record_view=record_view)).run()

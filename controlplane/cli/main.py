@@ -37,12 +37,14 @@ def _parser() -> argparse.ArgumentParser:
     bar.add_argument("--progress", dest="progress", action="store_true", default=None, help="show a progress bar")
     bar.add_argument("--no-progress", dest="progress", action="store_false")
 
-    demo = sub.add_parser("demo", help="the full system on this machine: 3 coordinators, 3 simulated clusters, two "
+    demo = sub.add_parser("demo", help="the full system on this machine: 3 coordinators, 3 simulated clusters, three "
                                        "tenants, a bursty workload, a leader kill; live view, summary and plot")
     demo.add_argument("--trace", metavar="FILE", help="Azure LLM inference trace CSV for the high-priority deployment")
     demo.add_argument("--duration-s", type=float, default=150, help="length of the workload in seconds (default 150)")
     demo.add_argument("--no-live", dest="live", action="store_false", help="plain status lines instead of the live view")
     demo.add_argument("--out", default="out", metavar="DIR", help="where demo-summary.json and demo.png go (default ./out)")
+    demo.add_argument("--record-view", metavar="FILE", help="write every live-view frame as a JSON line (play it back "
+                                                         "with python -m controlplane.cli.demo_view FILE)")
 
     coord = sub.add_parser("coordinator", help="run one coordinator (Raft member, lease, control loop, gRPC API)")
     coord.add_argument("--config", required=True, metavar="FILE", help="coordinator YAML (CONTROLPLANE_* env overrides)")
@@ -222,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "demo":
             from controlplane.cli.demo import run_cli as run_demo
 
-            return run_demo(args.trace, args.duration_s, args.live, args.out)
+            return run_demo(args.trace, args.duration_s, args.live, args.out, args.record_view)
         return _simulate(args)
     except ControlPlaneError as exc:
         print(f"controlplane: error: {exc}", file=sys.stderr)
