@@ -581,8 +581,8 @@ class Demo:
                         if time.monotonic() > deadline:
                             raise ControlPlaneError(f"demo: {method} {t.tenant}: {exc}") from None
                     self._sleep(0.3)
-            self.say(f"tenant {t.tenant} (priority {t.priority}, quota {t.quota} GPUs, borrow {t.borrow}, "
-                     f"TTFT SLO {t.slo_ms} ms) with deployment {t.deployment} created through the API")
+            self.say(f"tenant {t.tenant} (priority {t.priority}, quota {t.quota} + borrow {t.borrow} GPUs, "
+                     f"TTFT SLO {t.slo_ms:,} ms), deployment {t.deployment}: created")
 
     def wait_for_minimums(self) -> None:
         deadline = time.monotonic() + SETUP_TIMEOUT_S

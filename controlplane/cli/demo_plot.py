@@ -100,12 +100,17 @@ def _ttft_panel(ax, summary: dict[str, Any], tl: list[dict[str, Any]], xs: list[
 
 
 def _mark_preemptions(ax, summary: dict[str, Any], deployment: str | None, labelled: bool) -> None:
+    close = 0.06 * max(1.0, float(summary.get("duration_s", 1.0)))
+    """Labels nearer each other than this (in seconds) go one step lower than the one before."""
+    last_x, level = float("-inf"), 0
     for p in summary.get("preemption_events", []):
         if deployment is not None and p["deployment"] != deployment:
             continue
         ax.axvline(p["t_s"], color=PREEMPTION_COLOUR, lw=1, ls="-.", gid=PREEMPTION)
         if labelled:
-            ax.annotate(f"{p['count']} preempted", xy=(p["t_s"], 0.97), xycoords=("data", "axes fraction"),
+            level = (level + 1) % 3 if p["t_s"] - last_x < close else 0
+            last_x = p["t_s"]
+            ax.annotate(f"{p['count']} preempted", xy=(p["t_s"], 0.97 - 0.09 * level), xycoords=("data", "axes fraction"),
                         xytext=(3, 0), textcoords="offset points", color=PREEMPTION_COLOUR, fontsize=8, va="top",
                         gid=PREEMPTION, bbox=_BOX)
 

@@ -134,6 +134,10 @@ def ms(x: float | None) -> str:
     return "-" if x is None else f"{x:,.0f} ms"
 
 
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.0f}"
+
+
 def nearest_rank_p99(values: Sequence[float]) -> float | None:
     """The 99th percentile by nearest rank (the summary's definition), ``None`` for no values."""
     if not values:
@@ -234,25 +238,34 @@ def events_panel(events: Sequence[EventRow]):
 
 
 def render(s: ViewState, width: int, height: int | None = None):
-    """The frame for a terminal ``width`` columns wide; with ``height``, only as many of the latest
-    events as fit (at least :data:`MIN_EVENTS`)."""
+    """The frame for a terminal ``width`` columns wide. With ``height``: as many of the latest events
+    as fit, at least :data:`MIN_EVENTS`; below that the demo's own log gives up its older lines, then
+    its panel (the failover line in the header says what it would)."""
     from rich.console import Console, Group
-    from rich.panel import Panel
 
     fixed = [header_panel(s), nodes_table(s), *deployment_tables(s, width)]
-    log = Panel("\n".join(s.log) or "-", title="demo", title_align="left")
-    events = list(s.events[-MAX_EVENTS:])
+    events, log = list(s.events[-MAX_EVENTS:]), list(s.log)
     if height is None:
-        return Group(*fixed, events_panel(events), log)
+        return Group(*fixed, events_panel(events), *_log_panel(log))
     console = Console(width=width, height=height, file=_NullFile(), force_terminal=True)
+
+    def lines(*parts: Any) -> int:
+        return len(console.render_lines(Group(*parts), console.options, pad=False, new_lines=False))
+
     budget = height - 1  # a spare line: the cursor after the frame must not scroll it
-    used = len(console.render_lines(Group(*fixed, log), console.options, pad=False, new_lines=False))
-    while len(events) > MIN_EVENTS:
-        size = len(console.render_lines(events_panel(events), console.options, pad=False, new_lines=False))
-        if used + size <= budget:
-            break
+    used = lines(*fixed)
+    while log and used + lines(events_panel(events[-MIN_EVENTS:]), *_log_panel(log)) > budget:
+        log = log[1:]
+    used += lines(*_log_panel(log))
+    while len(events) > MIN_EVENTS and used + lines(events_panel(events)) > budget:
         events = events[1:]
-    return Group(*fixed, events_panel(events), log)
+    return Group(*fixed, events_panel(events), *_log_panel(log))
+
+
+def _log_panel(log: list[str]) -> list[Any]:
+    from rich.panel import Panel
+
+    return [Panel("\n".join(log), title="demo", title_align="left")] if log else []
 
 
 class _NullFile:
@@ -290,14 +303,14 @@ def summary_table(summary: dict[str, Any]):
     from rich.table import Table
 
     table = Table(title=f"controlplane demo: {summary['workload']}, {summary['duration_s']:.0f} s "
-                        f"(+{summary['setup_s']:.0f} s start-up)", title_justify="left", box=box.SIMPLE_HEAD,
-                  pad_edge=False, collapse_padding=True, padding=(0, 1))
-    for col in ("tenant", "prio", "deployment", "requests", "dropped", "TTFT SLO", "met", "TTFT p50", "TTFT p99",
-                "GPU-s", "replicas", "preempted"):
+                        f"(+{summary['setup_s']:.0f} s start-up); TTFT SLO, p50 and p99 in ms; met: within the SLO", title_justify="left", box=box.SIMPLE_HEAD,
+                  show_edge=False, pad_edge=False, collapse_padding=True, padding=(0, 1))
+    for col in ("tenant", "prio", "deployment", "requests", "dropped", "SLO", "met", "p50", "p99", "GPU-s", "replicas",
+                "preempted"):
         table.add_column(col, justify="left" if col in ("tenant", "deployment") else "right", no_wrap=True)
     for name, t in summary["tenants"].items():
         table.add_row(name, str(t["priority"]), t["deployment"], str(t["requests"]), str(t["dropped"]),
-                      f"{t['slo_ttft_ms']:,} ms", pct(t["slo_attainment"]), ms(t["ttft_p50_ms"]), ms(t["ttft_p99_ms"]),
+                      f"{t['slo_ttft_ms']:,}", pct(t["slo_attainment"]), _num(t["ttft_p50_ms"]), _num(t["ttft_p99_ms"]),
                       f"{t['gpu_seconds']:.0f}", f"{t['min_replicas']} -> {t['peak_serving_replicas']}",
                       str(t["preempted_instances"]))
     return table
