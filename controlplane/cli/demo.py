@@ -12,31 +12,23 @@ What runs (everything on 127.0.0.1, torn down on exit, Ctrl-C or SIGTERM):
   far" needs (an adapter process does not export per-request statistics). The adapters are not what
   the demo kills, so running them here costs nothing in realism;
 * **three tenants, one engine each**, created through the API (:class:`controlplane.api.client.ApiClient`,
-  admin token): ``gold`` (priority 200, quota 9 GPUs, TTFT SLO 1 s) with deployment ``chat`` on vLLM,
-  ``silver`` (priority 100, quota 3, may borrow 3, SLO 2 s) with ``embed`` on Triton (TensorRT-LLM
-  in-flight batching), and ``bronze`` (priority 50, quota 3 GPUs, may borrow 9, TTFT SLO 3 s) with
-  ``batch`` on DeepSpeed-MII behind its request meter; each is served by its engine's service model
-  (``controlplane.sim.service_models``) and reports what that engine can. The clusters hold 6 GPUs
-  each (18 in all), so when ``chat`` bursts it takes back the GPUs ``bronze`` borrowed: preemptions;
-* **a bursty workload**, a step-Poisson load per deployment and zone: ``batch`` rises early and
-  borrows the idle GPUs, ``chat`` bursts from 40 % to 75 % of the run. With ``--trace`` the arrival
-  shape of an Azure LLM inference trace replaces ``chat``'s schedule: the whole trace is compressed
-  into the run (one step per second of demo time) and scaled so its busiest second offers the
-  built-in burst rate;
+  admin token), and **a bursty workload** (or an Azure trace's arrival shape): see
+  :mod:`controlplane.cli.demo_load`. The clusters hold 18 GPUs, so when ``chat`` bursts it takes back
+  the GPUs ``bronze`` borrowed: preemptions;
 * at 55 % of the run the lease holder is **SIGKILLed**; the failover time is measured from the kill to
   the first survivor reporting a new lease holder with a newer epoch; the killed coordinator is
   restarted a few seconds later and rejoins.
 
-The live view (rich, 2 Hz; plain status lines when stdout is not a terminal or with ``--no-live``)
-reads ``Admin.Status`` of every node (role, term, lease holder and epoch), ``Deployments.
-ListDeployments`` and ``GetDeployment`` (replicas by state and zone, preempted instances), a
-``Scaling.Watch`` stream (transitions and decisions; it resumes on another node across the kill) and
-the backends' request statistics (load, SLO attainment, TTFT). Circuit breakers are not exposed by
-the API: the view derives them from the watched instance events with the breaker code itself
-(:mod:`controlplane.core.breaker`), which is what the lease holder feeds them with, and says so.
+The live view (:mod:`controlplane.cli.demo_view`; rich, 2 Hz; plain status lines when stdout is not a
+terminal or with ``--no-live``) reads ``Admin.Status`` of every node, ``Deployments.ListDeployments``
+and ``GetDeployment`` (replicas by state and zone, preempted instances), a ``Scaling.Watch`` stream
+(:mod:`controlplane.cli.demo_watch`; it resumes on another node across the kill; breakers derived
+from it) and the backends' request statistics (load, TTFT p99 over the last ``TTFT_WINDOW_S``, SLO
+attainment). ``--record-view FILE`` keeps every frame for ``python -m controlplane.cli.demo_view FILE``.
 
-At the end: a summary table, ``OUT/demo-summary.json`` and ``OUT/demo.png`` (replicas over time per
-deployment against the load, the failover marked).
+At the end: a summary table, ``OUT/demo-summary.json`` and ``OUT/demo.png``
+(:mod:`controlplane.cli.demo_plot`: replicas against load per deployment, every tenant's TTFT p99
+against its SLO, the failover and the preemptions marked).
 """
 
 from __future__ import annotations
@@ -44,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import random
 import shutil
 import signal
 import statistics
@@ -54,14 +45,25 @@ import tempfile
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from adapters.simulated import SimulatedBackend, SimulatedConfig
-from controlplane.domain.errors import ControlPlaneError
+from adapters.simulated import SimulatedBackend
+from controlplane.cli.demo_load import (
+    GPUS_PER_CLUSTER,
+    MODEL,
+    POLICY,
+    POOL,
+    TENANTS,
+    ZONE_COUNT,
+    DemoCluster,
+    TtftScore,
+    backend_config,
+    builtin_workload,
+    trace_workload,
+)
 from controlplane.cli.demo_view import (
-    MAX_EVENTS,
     BreakerRow,
     DeploymentRow,
     EventRow,
@@ -72,339 +74,18 @@ from controlplane.cli.demo_view import (
     plain_line,
     serving,
 )
-from controlplane.domain.ids import local_name, qualified_id
+from controlplane.cli.demo_watch import BreakerMirror, DeploymentView, Failover, NodeView, Watcher
+from controlplane.domain.errors import ControlPlaneError
+from controlplane.domain.ids import qualified_id
 
-ZONE_COUNT = 3
-GPUS_PER_CLUSTER = 6
-POOL = "h100"
-MODEL = "llama3-8b-h100"
-COLD_START_MS, WARM_START_MS = 3_000, 500
-POLICY = {
-    "target_concurrency": 4.0, "stable_window_ms": 6_000, "ewma_half_life_ms": 1_000, "panic_window_ms": 2_000,
-    "panic_hold_ms": 3_000, "scale_down_stabilization_ms": 4_000, "scale_down_cooldown_ms": 1_000, "max_step_down": 4,
-}
-"""Fast reactions for a short demo (the product defaults assume minutes, not seconds)."""
-
-
-@dataclass(frozen=True)
-class TenantPlan:
-    tenant: str
-    priority: int
-    quota: int
-    borrow: int
-    slo_ms: int
-    deployment: str
-    min_replicas: int
-    max_replicas: int
-    engine: str = "vllm"
-    simulated: tuple[tuple[str, Any], ...] = ()
-    """Extra fields of the deployment's simulated engines (``adapters.simulated.SimDeploymentConfig``)."""
-
-
-TENANTS = (
-    TenantPlan("gold", 200, 9, 0, 1_000, "chat", ZONE_COUNT, 4 * ZONE_COUNT),
-    TenantPlan("silver", 100, 3, 3, 2_000, "embed", ZONE_COUNT, 2 * ZONE_COUNT, "triton",
-               (("triton", {"batching": "inflight"}),)),
-    TenantPlan("bronze", 50, 3, 9, 3_000, "batch", ZONE_COUNT, 4 * ZONE_COUNT, "deepspeed-mii"),
-)
-"""One deployment per engine: ``chat`` on vLLM, ``embed`` on Triton (TensorRT-LLM in-flight batching,
-the backend Triton serves LLMs with), ``batch`` on DeepSpeed-MII behind its request meter. 18 GPUs:
-the quotas take 15, so bronze's borrowing is what gold's burst takes back (preemption)."""
-CALM_RPS, BURST_RPS = 1.5, 10.0
-"""``chat`` per zone: calm and burst (about 3 replicas per zone at ``target_concurrency`` 4)."""
-BATCH_LOW_RPS, BATCH_RPS = 2.0, 9.0
-"""``batch`` per zone: it wants about 3 replicas per zone, more than its quota: it borrows."""
-EMBED_LOW_RPS, EMBED_RPS = 1.5, 6.0
-"""``embed`` per zone: one replica per zone, about two while its own burst lasts."""
-EMBED_FROM, EMBED_TO = 0.15, 0.55
-BURST_FROM, BURST_TO, BATCH_FROM, BATCH_TO = 0.40, 0.75, 0.08, 0.85
 KILL_AT = 0.55
 RESTART_AFTER_S = 3.0
 """The killed coordinator is restarted this long after the new lease holder appeared."""
-LOAD_OFFSET_S = 100_000.0
-"""The backends' schedules are shifted this far into the future (no load while the group starts);
-:meth:`DemoBackend.start_load` moves them back to the moment the workload starts."""
 DEFAULT_DURATION_S = 150
 SETUP_TIMEOUT_S = 60.0
 PLAIN_EVERY_S = 5.0
 TTFT_WINDOW_S = 5.0
 """The live view's and the plot's TTFT p99 is over the requests that finished this long before."""
-DEFAULT_TRACE_ZONE_PEAK = BURST_RPS
-
-
-# ---------------------------------------------------------------------------------------------
-# workload
-
-
-@dataclass(frozen=True)
-class Workload:
-    name: str
-    schedules: dict[str, list[tuple[float, float]]]
-    """Per deployment: ``(at_s, requests/s per zone)`` steps, seconds since the workload started."""
-
-    def rate(self, deployment: str, t_s: float) -> float:
-        rate = 0.0
-        for at, rps in self.schedules[deployment]:
-            if at <= t_s:
-                rate = rps
-            else:
-                break
-        return rate
-
-
-def builtin_workload(duration_s: float) -> Workload:
-    d = duration_s
-    return Workload("built-in bursty", {
-        "chat": [(0.0, CALM_RPS), (BURST_FROM * d, BURST_RPS), (BURST_TO * d, CALM_RPS)],
-        "batch": [(0.0, BATCH_LOW_RPS), (BATCH_FROM * d, BATCH_RPS), (BATCH_TO * d, BATCH_LOW_RPS)],
-        "embed": [(0.0, EMBED_LOW_RPS), (EMBED_FROM * d, EMBED_RPS), (EMBED_TO * d, EMBED_LOW_RPS)],
-    })
-
-
-def trace_workload(path: str, duration_s: float, zone_peak_rps: float = DEFAULT_TRACE_ZONE_PEAK) -> Workload:
-    """``chat`` follows the arrival shape of an Azure trace: the whole trace compressed into
-    ``duration_s`` (accelerated by ``trace length / duration``), one step per demo second, scaled so
-    the busiest second offers ``zone_peak_rps`` per zone; ``batch`` keeps its built-in schedule."""
-    from controlplane.sim.workload import TraceError, read_azure_trace
-
-    try:
-        requests = read_azure_trace(path)
-    except TraceError as exc:
-        raise ControlPlaneError(f"--trace: {exc}") from None
-    if len(requests) < 2:
-        raise ControlPlaneError(f"--trace: {path}: needs at least two requests")
-    span_ms = max(1, requests[-1].arrival_ms - requests[0].arrival_ms)
-    bins = max(1, int(duration_s))
-    counts = [0] * bins
-    for r in requests:
-        counts[min(bins - 1, (r.arrival_ms - requests[0].arrival_ms) * bins // (span_ms + 1))] += 1
-    peak = max(counts)
-    steps = [(float(i), round(max(0.2, c / peak * zone_peak_rps), 3)) for i, c in enumerate(counts)]
-    merged = [s for k, s in enumerate(steps) if k == 0 or s[1] != steps[k - 1][1]]
-    builtin = builtin_workload(duration_s)
-    acceleration = span_ms / 1000 / duration_s
-    return Workload(f"trace {Path(path).name} ({len(requests)} requests, {acceleration:.0f}x faster)",
-                    {"chat": merged, "batch": builtin.schedules["batch"], "embed": builtin.schedules["embed"]})
-
-
-# ---------------------------------------------------------------------------------------------
-# the simulated clusters (in this process)
-
-
-class TtftScore:
-    """Every finished request's time to first token against its deployment's SLO: the simulated
-    backend's ``on_request_done`` callback (called with the backend's lock held)."""
-
-    def __init__(self, slo_ms: dict[str, int]) -> None:
-        self.slo_ms = slo_ms
-        self._lock = threading.Lock()
-        self._met: dict[str, int] = {d: 0 for d in slo_ms}
-        self._ttfts: dict[str, list[int]] = {d: [] for d in slo_ms}
-        self._recent: dict[str, list[int]] = {d: [] for d in slo_ms}
-        """Since the last :meth:`take_recent`: each finished request's TTFT, each drop's wait."""
-
-    def __call__(self, req: Any, now_ms: int) -> None:
-        dep = local_name(req.deployment)  # the backend knows the id, "<tenant>/<name>"
-        if req.dropped:
-            with self._lock:
-                self._recent[dep].append(now_ms - req.arrival_ms)  # at least this long without a first token
-            return
-        ttft = req.first_token_ms - req.arrival_ms
-        with self._lock:
-            self._ttfts[dep].append(ttft)
-            self._recent[dep].append(ttft)
-            if ttft <= self.slo_ms[dep]:
-                self._met[dep] += 1
-
-    def met(self, deployment: str) -> int:
-        with self._lock:
-            return self._met.get(deployment, 0)
-
-    def count(self, deployment: str) -> int:
-        with self._lock:
-            return len(self._ttfts.get(deployment, ()))
-
-    def ttft_lists(self) -> dict[str, list[int]]:
-        with self._lock:
-            return {d: list(xs) for d, xs in self._ttfts.items()}
-
-    def take_recent(self) -> dict[str, list[int]]:
-        with self._lock:
-            recent, self._recent = self._recent, {d: [] for d in self.slo_ms}
-        return recent
-
-
-@dataclass
-class DemoCluster:
-    """One zone's simulated cluster (served in this process) and its TTFT score."""
-
-    backend: SimulatedBackend
-    score: TtftScore
-
-    def start_load(self, at_ms: int) -> None:
-        """Start the schedule at ``at_ms`` (it was configured ``LOAD_OFFSET_S`` late)."""
-        self.backend.restart_load(int(at_ms - LOAD_OFFSET_S * 1000))
-
-    def ttft_lists(self) -> dict[str, list[int]]:
-        return self.score.ttft_lists()
-
-    def snapshot(self) -> dict[str, dict[str, Any]]:
-        return {local_name(dep): {"arrived": st["arrived"], "completed": st["completed"], "dropped": st["dropped"],
-                                  "met": self.score.met(local_name(dep)), "gpu_ms": st["gpu_ms"],
-                                  "ttfts": self.score.count(local_name(dep))}
-                for dep, st in self.backend.statistics().items()}
-
-
-def backend_config(index: int, workload: Workload) -> SimulatedConfig:
-    return SimulatedConfig.model_validate({
-        "seed": index + 1,
-        "deployments": [{
-            "deployment": qualified_id(t.tenant, t.deployment), "model": MODEL, "cold_start_ms": COLD_START_MS, "warm_start_ms": WARM_START_MS,
-            "max_queue_ms": 10_000, "engine": t.engine, **dict(t.simulated),
-            "load": [{"at_s": 0, "rps": 0}] + [{"at_s": LOAD_OFFSET_S + at, "rps": rps}
-                                               for at, rps in workload.schedules[t.deployment]],
-        } for t in TENANTS],
-    })
-
-
-# ---------------------------------------------------------------------------------------------
-# what the demo observes
-
-
-@dataclass
-class NodeView:
-    node_id: str
-    zone: str
-    pid: int | None = None
-    reachable: bool = False
-    role: str = ""
-    term: int = 0
-    leader: str = ""
-    holder: str = ""
-    epoch: int = 0
-    remaining_ms: int = 0
-    applied: int = 0
-    note: str = ""
-
-
-@dataclass
-class DeploymentView:
-    name: str
-    tenant: str
-    desired: int = 0
-    by_state: dict[str, int] = field(default_factory=dict)
-    by_zone_state: dict[str, dict[str, int]] = field(default_factory=dict)
-    preempted_ids: set[str] = field(default_factory=set)
-    peak_serving: int = 0
-    peak_desired: int = 0
-    decisions: int = 0
-
-
-@dataclass
-class Failover:
-    killed: str = ""
-    killed_epoch: int = 0
-    killed_at_s: float | None = None
-    killed_mono: float = 0.0
-    new_holder: str = ""
-    new_epoch: int = 0
-    failover_ms: float | None = None
-    new_at_s: float | None = None
-    restarted_at_s: float | None = None
-    rejoined_at_s: float | None = None
-
-
-class BreakerMirror:
-    """Breaker phases derived from watched instance events, fed exactly as the lease holder feeds
-    them (``warmed`` closes, ``warmup_failed`` counts against the deployment on that cluster,
-    ``lost`` against the cluster). The API does not expose the replicated breaker records, so this is
-    a reconstruction: the phases match, the jittered open periods do not."""
-
-    def __init__(self, clusters: list[str]) -> None:
-        from controlplane.domain.records import CLOSED_BREAKER
-
-        self.records: dict[str, Any] = {f"cluster {c}": CLOSED_BREAKER for c in clusters}
-        self.failures: dict[str, int] = {k: 0 for k in self.records}
-        self._rng = random.Random(0)
-
-    def feed(self, cluster: str, deployment: str, event: str, at_ms: int) -> None:
-        from controlplane.core import breaker as br
-        from controlplane.domain.records import CLOSED_BREAKER
-
-        ckey, dkey = f"cluster {cluster}", f"{deployment}@{cluster}"
-        for key in (ckey, dkey):
-            self.records.setdefault(key, CLOSED_BREAKER)
-            self.failures.setdefault(key, 0)
-        if event == "warmed":
-            for key in (ckey, dkey):
-                self.records[key] = br.on_success(self.records[key], at_ms)
-        elif event in ("warmup_failed", "lost"):
-            key = dkey if event == "warmup_failed" else ckey
-            self.failures[key] += 1
-            self.records[key] = br.on_failure(self.records[key], at_ms, br.DEFAULT_CONFIG, self._rng)
-
-    def phases(self) -> dict[str, str]:
-        return {k: r.phase.value for k, r in sorted(self.records.items()) if k.startswith("cluster") or self.failures[k]}
-
-
-class Watcher(threading.Thread):
-    """``Scaling.Watch`` (instances and decisions) on its own client; resumes across the kill."""
-
-    def __init__(self, client_factory, mirror: BreakerMirror, t0: list[float]) -> None:
-        super().__init__(name="demo-watch", daemon=True)
-        self._factory = client_factory
-        self.mirror = mirror
-        self.lock = threading.Lock()
-        self.recent: deque[EventRow] = deque(maxlen=MAX_EVENTS)
-        self.transitions = 0
-        self.decisions: list[tuple[float, str, int, str]] = []
-        self.notices: list[str] = []
-        self.stopping = threading.Event()
-        self._t0 = t0
-
-    def _rel(self) -> float:
-        return time.monotonic() - self._t0[0] if self._t0[0] else 0.0
-
-    def run(self) -> None:
-        from controlplane.api.v1 import api_pb2
-
-        class _Stop(Exception):
-            pass
-
-        def backoff(_round: int) -> None:
-            if self.stopping.wait(0.3):
-                raise _Stop
-
-        client = self._factory()
-        try:
-            for ev in client.watch(api_pb2.WatchRequest(kinds=["Instance", "Decision"]), max_rounds=10_000,
-                                   backoff=backoff):
-                if self.stopping.is_set():
-                    return
-                if not hasattr(ev, "type"):  # a Notice: the stream moved to another node
-                    with self.lock:
-                        self.notices.append(ev.message)
-                        self.recent.append(EventRow(round(self._rel(), 1), "watch", "moved", ev.message))
-                    continue
-                with self.lock:
-                    if ev.type == "TRANSITION":
-                        self.transitions += 1
-                        self.mirror.feed(ev.cluster, ev.deployment, ev.event, ev.at_ms)
-                        if ev.event in ("create", "warmed", "drain", "warmup_failed", "lost"):
-                            self.recent.append(EventRow(round(self._rel(), 1), ev.deployment, ev.name,
-                                                        f"{ev.event} -> {ev.to_state.lower()} in {ev.zone}"))
-                    elif ev.type == "DECIDED":
-                        self.decisions.append((self._rel(), ev.deployment, ev.replicas, ev.reason))
-                        self.recent.append(EventRow(round(self._rel(), 1), ev.deployment,
-                                                    f"decided {ev.replicas}", ev.reason))
-        except _Stop:
-            return
-        except Exception as exc:  # noqa: BLE001 - the watch is a view; the demo goes on without it
-            if not self.stopping.is_set():
-                with self.lock:
-                    self.notices.append(f"watch ended: {exc}")
-        finally:
-            client.close()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -61,6 +61,9 @@ def test_demo_rejects_a_bad_flag_in_one_line(tmp_path: Path) -> None:
     assert res.returncode == 2 and "--duration-s" in res.stderr and "Traceback" not in res.stderr
     res = subprocess.run(EXE + ["demo", "--trace", str(tmp_path / "nope.csv")], check=False, capture_output=True, text=True, timeout=30)
     assert res.returncode == 2 and "--trace" in res.stderr and "Traceback" not in res.stderr
+    res = subprocess.run(EXE + ["demo", "--record-view", str(tmp_path / "no" / "such" / "dir.jsonl")], check=False,
+                         capture_output=True, text=True, timeout=30)
+    assert res.returncode == 2 and "--record-view" in res.stderr and "Traceback" not in res.stderr
 
 
 def test_sigterm_during_the_demo_stops_every_process(tmp_path: Path) -> None:

@@ -137,3 +137,14 @@ def test_the_summary_table_fits_100_columns() -> None:
                 "GPU-s", "replicas", "preempted")
     header_line(lines, "silver", "200", "embed", "12025", "184", "1,000", "99.8 %", "22", "11,180", "738", "3 -> 12",
                 "14")
+
+
+def test_playing_back_a_missing_or_broken_recording_is_one_line_and_exit_2(tmp_path, capsys) -> None:
+    from controlplane.cli.demo_view import main
+
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"t_s": 1}\n')
+    for path in (tmp_path / "missing.jsonl", broken):
+        assert main([str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("demo_view: error: ") and err.count("\n") == 1 and "Traceback" not in err

@@ -23,7 +23,8 @@ from tests.conftest import REPO
 BEFORE_RAFT = ("controlplane.cli.main", "controlplane.config", "controlplane.member")
 NOT_BEFORE_RAFT = ("structlog", "rich", "grpc", "prometheus_client", "google.protobuf", "controlplane.coordinator",
                    "controlplane.api.server", "controlplane.runtime.loop", "adapters.client", "numpy")
-NEVER = ("kubernetes", "matplotlib", "adapters.service", "adapters.kube", "controlplane.sim", "controlplane.cli.demo")
+NEVER = ("kubernetes", "matplotlib", "adapters.service", "adapters.kube", "controlplane.sim", "controlplane.cli.demo",
+         "controlplane.cli.demo_load", "controlplane.cli.demo_plot", "controlplane.cli.demo_view", "controlplane.cli.demo_watch")
 
 
 def loaded_after(imports: tuple[str, ...], watched: tuple[str, ...]) -> list[str]:
