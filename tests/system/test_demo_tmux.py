@@ -7,8 +7,8 @@ controlplane.cli.demo_view`` in a tmux pane, at both widths (a few seconds); and
 too with ``CP_SLOW=1``). Each capture must hold whole instance ids,
 every column header whole on one line, no cell cut with an ellipsis, no line wider than the pane
 (``capture-pane -J`` joins what the terminal wrapped, so an overflow shows as a longer line), and the
-key fields. Waits poll the pane with a deadline; the tmux server (a private socket) is killed in a
-``finally``."""
+key fields. Waits poll the pane with a deadline; the tmux server (a private socket, removed after)
+is killed in a ``finally``."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -42,19 +43,20 @@ class Pane:
     def __init__(self, width: int, height: int, command: str) -> None:
         if shutil.which("tmux") is None:
             pytest.fail("tmux is not installed: the terminal test of the demo's live view needs it")
-        self.socket = f"cp-demo-{uuid.uuid4().hex[:8]}"
+        self.socket = str(Path(tempfile.gettempdir()) / f"cp-demo-{uuid.uuid4().hex[:8]}.tmux")
         env = {**os.environ, "PYTHONPATH": str(REPO), "TERM": "xterm-256color"}
         env.pop("NO_COLOR", None)
-        subprocess.run(["tmux", "-L", self.socket, "-f", "/dev/null", "new-session", "-d", "-x", str(width), "-y",
+        subprocess.run(["tmux", "-S", self.socket, "-f", "/dev/null", "new-session", "-d", "-x", str(width), "-y",
                         str(height), command], check=True, env=env, cwd=REPO, timeout=30)
 
     def capture(self, history: bool = False) -> str:
-        res = subprocess.run(["tmux", "-L", self.socket, "capture-pane", "-p", "-J", *(["-S", "-"] if history else [])],
+        res = subprocess.run(["tmux", "-S", self.socket, "capture-pane", "-p", "-J", *(["-S", "-"] if history else [])],
                              capture_output=True, text=True, check=False, timeout=10)
         return res.stdout
 
     def kill(self) -> None:
-        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, check=False, timeout=10)
+        subprocess.run(["tmux", "-S", self.socket, "kill-server"], capture_output=True, check=False, timeout=10)
+        Path(self.socket).unlink(missing_ok=True)
 
 
 def row(lines: list[str], *cells: str) -> str:
