@@ -164,6 +164,11 @@ def _breakers(state: ControlState, d: Deployment) -> Condition:
                      f"every breaker of its {len(clusters)} cluster(s) is closed", max(closed, default=0))
 
 
+_SHORT_REASON = {GrantReason.CAPACITY.value: "PoolFull", GrantReason.QUOTA.value: "QuotaExceeded",
+                 GrantReason.PREEMPTED.value: "Preempted", GrantReason.BREAKER.value: "BreakerOpen"}
+"""Decision labels that mean the grant is below the target, and the Ready reason each gives."""
+
+
 def _ready(state: ControlState, d: Deployment, others: Iterable[Condition]) -> Condition:
     desired = state.desired.get(d.id)
     want = desired.replicas if desired is not None else d.min_replicas
@@ -176,10 +181,15 @@ def _ready(state: ControlState, d: Deployment, others: Iterable[Condition]) -> C
     block = next((c for c in others if c.type in (SCHEDULABLE,) and c.status == FALSE), None)
     if block is not None:
         return Condition(READY, FALSE, block.reason, f"{counts}; {block.message}", max(at, block.last_transition_ms))
-    short = desired is not None and desired.reason in {r.value for r in GrantReason}
-    if len(serving) < want or (short and want < d.min_replicas):
+    short = desired is not None and desired.reason in _SHORT_REASON
+    if short and want < d.min_replicas:
+        assert desired is not None
+        return Condition(READY, FALSE, _SHORT_REASON[desired.reason],
+                         f"{counts}; granted below min_replicas {d.min_replicas} ({desired.reason})", at)
+    if len(serving) < want:
         starting = sum(1 for i in live if i.state in (InstanceState.PENDING, InstanceState.WARMING))
-        return Condition(READY, FALSE, "ReplicasNotServing", f"{counts} ({starting} starting)", at)
+        return Condition(READY, FALSE, "ReplicasStarting" if starting else "ReplicasNotServing",
+                         f"{counts} ({starting} starting)", at)
     if short:
         return Condition(READY, TRUE, "GrantedReplicasServing",
                          f"{counts}; the grant is below the policy's target ({desired.reason})", at)
