@@ -323,7 +323,3 @@ def _phase(rec: BreakerRecord) -> str:
     if rec.phase is BreakerPhase.OPEN:
         return f"open after {rec.trips} trip(s)"
     return rec.phase.value.replace("_", "-")
-
-
-def zone_ids(state: ControlState) -> list[ZoneId]:
-    return sorted(set(state.zones) | {cl.zone for cl in state.clusters.values()})

@@ -51,13 +51,13 @@ class PoolFacts:
 
 @dataclass
 class Labeler:
-    """Labels the decisions of one tick. ``grants`` are every deployment's granted replicas;
+    """Labels the decisions of one tick. ``grants_of`` gives every deployment's granted replicas;
     ``preemptions`` the tick's ``(beneficiary, victim, replicas)`` pairs; ``facts`` gives the
     pools' capacity. The facts and the per-pool and per-tenant sums are built once, on the first
     shortfall (a steady tick builds nothing)."""
 
     state: ControlState
-    grants: Mapping[DeploymentId, int]
+    grants_of: Callable[[], Mapping[DeploymentId, int]]
     preemptions: Sequence[tuple[DeploymentId, DeploymentId, int]]
     facts_of: Callable[[], PoolFacts]
     _pool_use: dict[PoolId, dict[TenantId, int]] | None = None
@@ -104,10 +104,9 @@ class Labeler:
             return GrantReason.CAPACITY, (
                 f"no schedulable cluster has {d.pool} GPUs (pools with capacity: {', '.join(pools) or 'none'}): {granted}"
             )
-        holders = ", ".join(f"{t} {n}" for t, n in sorted(use.items()) if n > 0)
-        return GrantReason.CAPACITY, (
-            f"pool {d.pool} full: {sum(use.values())} of {cap} GPUs granted ({holders or 'none'}): {granted}"
-        )
+        # Other tenants are not named here: a tenant reads its decisions (only a preemption names
+        # the tenant that took its GPUs, as the issue asks).
+        return GrantReason.CAPACITY, f"pool {d.pool} full: {sum(use.values())} of {cap} GPUs granted: {granted}"
 
     def _takers(self, by: Sequence[tuple[DeploymentId, int]]) -> str:
         counts: dict[TenantId, int] = {}
@@ -125,7 +124,7 @@ class Labeler:
     def _uses(self) -> dict[PoolId, dict[TenantId, int]]:
         if self._pool_use is None:
             use: dict[PoolId, dict[TenantId, int]] = {}
-            for did, n in sorted(self.grants.items()):
+            for did, n in sorted(self.grants_of().items()):
                 dep = self.state.deployments.get(did)
                 if dep is None or n <= 0:
                     continue

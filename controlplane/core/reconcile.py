@@ -468,7 +468,7 @@ def plan(
         by_dep.setdefault(v.deployment_id, []).append(v)
     grants = []
     no_victims: list[preemption.Victim] = []
-    labels = Labeler(state, {did: g.replicas for did, g in grants_of.items()}, allocation.preemptions,
+    labels = Labeler(state, lambda: {did: g.replicas for did, g in grants_of.items()}, allocation.preemptions,
                      lambda: PoolFacts(capacity, _behind_breakers(state, tick.breakers, now_ms)))
     for d in deployments:
         did = d.id
@@ -568,7 +568,7 @@ def _plan_allocated(
     for v in out.victims:
         by_dep.setdefault(v.deployment_id, []).append(v)
     grants = []
-    labels = Labeler(state, {d.id: out.grants.get(d.id, decisions[d.id].target) for d in deployments},
+    labels = Labeler(state, lambda: {d.id: out.grants.get(d.id, decisions[d.id].target) for d in deployments},
                      tuple(out.preemptions),
                      lambda: PoolFacts(_healthy_capacity(state, tick.breakers, tick.now_ms),
                                        _behind_breakers(state, tick.breakers, tick.now_ms)))

@@ -72,7 +72,7 @@ def test_a_full_pool_is_labeled_capacity_naming_who_holds_it() -> None:
     state = build(cluster("c1", "z1", 2), tenant(), deployment(), desired("chat", 1))
     add(state, "r1", "c1")
     sd = decision_of(run_plan(state, {"chat": load(144)}), "chat")
-    assert sd.reason == "capacity" and sd.message.startswith("pool h100 full: 2 of 2 GPUs granted (acme 2): granted 2 of")
+    assert sd.reason == "capacity" and sd.message.startswith("pool h100 full: 2 of 2 GPUs granted: granted 2 of")
 
 
 def test_gpus_behind_an_open_breaker_are_labeled_breaker() -> None:
@@ -104,6 +104,6 @@ def test_the_stage_label_follows_the_direction() -> None:
 
 def test_a_full_grant_keeps_the_scaling_stage_and_builds_no_facts() -> None:
     state = build(cluster("c1", "z1", 8), tenant(), deployment(), desired("chat", 1))
-    labels = gr.Labeler(state, {DeploymentId("chat"): 4}, (), lambda: (_ for _ in ()).throw(AssertionError("built")))
+    labels = gr.Labeler(state, lambda: {DeploymentId("chat"): 4}, (), lambda: (_ for _ in ()).throw(AssertionError("built")))
     d = state.deployments[DeploymentId("chat")]
     assert labels.label(d, "panic", 4, 4, 1) == ("panic", "")

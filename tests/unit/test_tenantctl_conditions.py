@@ -6,7 +6,6 @@ committed through the group's replicator like a tick's."""
 
 from __future__ import annotations
 
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
