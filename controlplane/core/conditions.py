@@ -174,7 +174,11 @@ def _ready(state: ControlState, d: Deployment, others: Iterable[Condition]) -> C
     want = desired.replicas if desired is not None else d.min_replicas
     live = [i for i in state.instances_of(d.id) if i.state not in TERMINAL_STATES]
     serving = [i for i in live if i.state in SERVING_STATES]
-    at = max([desired.at_ms if desired is not None else 0, *(i.state_since_ms for i in serving)])
+    # Stable across Ready <-> Busy flips (which move ``state_since_ms``): the decision, or the
+    # creation of the newest instance the count needs (serving: the want-th; short: any live one).
+    created = sorted(i.created_ms for i in (serving if len(serving) >= want else live))
+    needed = created[want - 1] if 0 < want <= len(created) and len(serving) >= want else max(created, default=0)
+    at = max(desired.at_ms if desired is not None else 0, needed)
     counts = f"{len(serving)} of {want} desired replicas serving"
     if d.deleting:
         return Condition(READY, FALSE, "Deleting", f"being deleted; {counts}", _updated(state, "deployment", d.id))

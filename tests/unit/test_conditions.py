@@ -6,8 +6,8 @@ from __future__ import annotations
 from controlplane.core import conditions as cc
 from controlplane.core import reconcile as r
 from controlplane.domain import commands as c
-from controlplane.domain.ids import ClusterId, DeploymentId, PoolId, TenantId, ZoneId
-from controlplane.domain.instances import InstanceState
+from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId, PoolId, TenantId, ZoneId
+from controlplane.domain.instances import InstanceEvent, InstanceState
 from controlplane.domain.records import BreakerPhase, BreakerRecord
 from controlplane.domain.tenants import Deployment, Engine, Tenant
 from controlplane.domain.topology import Cluster, Zone
@@ -123,7 +123,9 @@ def test_ready_counts_serving_replicas_against_the_desired_ones() -> None:
     assert ready.message == "1 of 2 desired replicas serving (1 starting)"
     add(state, "r3", "c1", at_ms=T0 + 50)
     ready = dep_conditions(state)["Ready"]
-    assert (ready.status, ready.reason, ready.last_transition_ms) == ("True", "AllReplicasServing", T0 + 52)
+    assert (ready.status, ready.reason, ready.last_transition_ms) == ("True", "AllReplicasServing", T0 + 50)
+    commit(state, [c.TransitionInstance(InstanceId("r1"), InstanceEvent.WORK, T0 + 900)])  # Ready -> Busy
+    assert dep_conditions(state)["Ready"].last_transition_ms == T0 + 50  # a flip is no transition of Ready
 
 
 def test_cluster_adapter_connectivity_from_the_holders_links() -> None:
