@@ -23,7 +23,10 @@ import enum
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from controlplane.core import breaker as br
+from controlplane.core import placement
 from controlplane.domain.ids import ClusterId, DeploymentId, PoolId, TenantId
+from controlplane.domain.records import BreakerPhase, BreakerRecord
 from controlplane.domain.state import ControlState
 from controlplane.domain.tenants import Deployment
 
@@ -132,6 +135,25 @@ class Labeler:
                 per[dep.tenant] = per.get(dep.tenant, 0) + n * dep.gpus_per_instance
             self._pool_use = use
         return self._pool_use
+
+
+def behind_breakers(
+    state: ControlState, breaker_of: Callable[[ClusterId], BreakerRecord | None], now_ms: int
+) -> dict[PoolId, tuple[int, tuple[ClusterId, ...]]]:
+    """GPUs per pool of schedulable clusters the allocation left out because their cluster breaker
+    is open (inside its backoff), and those clusters: what a ``breaker`` label names."""
+    out: dict[PoolId, tuple[int, tuple[ClusterId, ...]]] = {}
+    for cid in sorted(state.clusters):
+        rec = breaker_of(cid)
+        cl = state.clusters[cid]
+        if rec is None or rec.phase is not BreakerPhase.OPEN or br.probe_due(rec, now_ms):
+            continue
+        if not placement.schedulable(cl, state.zones):
+            continue
+        for pool, n in sorted(cl.capacity.items()):
+            gpus, names = out.get(pool, (0, ()))
+            out[pool] = (gpus + n, (*names, cid))
+    return out
 
 
 def _direction(stage: str, grant: int, old: int | None) -> str:

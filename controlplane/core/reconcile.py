@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 
 from controlplane.core import breaker as br
 from controlplane.core import gpu_memory, model_cache, placement, preemption, room, scaling
-from controlplane.core.grant_reasons import Labeler, PoolFacts
+from controlplane.core.grant_reasons import Labeler, PoolFacts, behind_breakers
 from controlplane.core.allocator import AllocationRequest, Allocator, bound_placer
 from controlplane.core.signals import FilteredSignals
 from controlplane.domain import commands as c
@@ -469,7 +469,7 @@ def plan(
     grants = []
     no_victims: list[preemption.Victim] = []
     labels = Labeler(state, lambda: {did: g.replicas for did, g in grants_of.items()}, allocation.preemptions,
-                     lambda: PoolFacts(capacity, _behind_breakers(state, tick.breakers, now_ms)))
+                     lambda: PoolFacts(capacity, behind_breakers(state, _cluster_breaker(tick), now_ms)))
     for d in deployments:
         did = d.id
         dec = decisions[did]
@@ -571,7 +571,7 @@ def _plan_allocated(
     labels = Labeler(state, lambda: {d.id: out.grants.get(d.id, decisions[d.id].target) for d in deployments},
                      tuple(out.preemptions),
                      lambda: PoolFacts(_healthy_capacity(state, tick.breakers, tick.now_ms),
-                                       _behind_breakers(state, tick.breakers, tick.now_ms)))
+                                       behind_breakers(state, _cluster_breaker(tick), tick.now_ms)))
     for d in deployments:
         dec = decisions[d.id]
         grant = out.grants.get(d.id, dec.target)
@@ -710,26 +710,6 @@ def _healthy_capacity(state: ControlState, breakers: _Breakers, now_ms: int) -> 
     return cap
 
 
-def _behind_breakers(
-    state: ControlState, breakers: _Breakers, now_ms: int
-) -> dict[PoolId, tuple[int, tuple[ClusterId, ...]]]:
-    """GPUs per pool of schedulable clusters :func:`_healthy_capacity` left out because their
-    cluster breaker is open (inside its backoff), and those clusters: what a ``breaker`` label names.
-    Nothing to scan on a tick without a tripped breaker."""
-    if not breakers.tripped:
-        return {}
-    out: dict[PoolId, tuple[int, tuple[ClusterId, ...]]] = {}
-    for cid in sorted(state.clusters):
-        rec = breakers.get(cluster_key(cid))
-        cl = state.clusters[cid]
-        if rec.phase is not BreakerPhase.OPEN or br.probe_due(rec, now_ms) or not placement.schedulable(cl, state.zones):
-            continue
-        for pool, n in sorted(cl.capacity.items()):
-            gpus, names = out.get(pool, (0, ()))
-            out[pool] = (gpus + n, (*names, cid))
-    return out
-
-
 def _ahead_within_quota(
     state: ControlState, deployments: Sequence[Deployment], decisions: dict[DeploymentId, scaling.ScaleDecision]
 ) -> dict[DeploymentId, scaling.ScaleDecision]:
@@ -801,6 +781,13 @@ def _warm_grants(
         left[d.pool] = left.get(d.pool, 0) - warm[d.id] * d.gpus_per_instance
         tenant_left[key] -= warm[d.id] * d.gpus_per_instance
     return warm
+
+
+def _cluster_breaker(tick: _Tick) -> Callable[[ClusterId], BreakerRecord | None]:
+    """A cluster's breaker as of this tick; None on a tick without a tripped breaker (nothing to scan)."""
+    if not tick.breakers.tripped:
+        return lambda cid: None
+    return lambda cid: tick.breakers.get(cluster_key(cid))
 
 
 def _record_decision(
