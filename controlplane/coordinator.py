@@ -329,6 +329,11 @@ class _HolderView:
         fn = getattr(self._c.loop, "signals_of", None)
         return None if fn is None else fn(deployment_id)
 
+    def adapter_links(self) -> dict[str, tuple[bool, int]] | None:
+        """Per cluster the loop has heard from: (its adapter delivers now, since when)."""
+        fn = getattr(self._c.loop, "adapter_links", None)
+        return None if fn is None else {str(k): v for k, v in fn(wall_ms()).items()}
+
 
 def _token_from(path: Path | None, field: str) -> str | None:
     if path is None:

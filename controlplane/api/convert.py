@@ -22,8 +22,10 @@ from typing import Any
 import pydantic
 from pydantic import BaseModel
 
+from controlplane.api import conditions as cond
 from controlplane.api.limits import clip_path
 from controlplane.api.v1 import api_pb2
+from controlplane.core import conditions as core_conditions
 from controlplane.core.scaling import ScaleReason, wake_fits
 from controlplane.domain.demand import BUCKET_MS, Forecast
 from controlplane.domain.errors import ValidationError
@@ -194,7 +196,10 @@ def deployment_from_proto(msg: api_pb2.Deployment) -> Deployment:
         raise invalid(_domain_field(exc.field, _DEPLOYMENT_FIELDS, "spec."), exc.problem) from None
 
 
-def deployment_to_proto(state: ControlState, d: Deployment, *, instances: bool = True) -> api_pb2.Deployment:
+def deployment_to_proto(state: ControlState, d: Deployment, *, instances: bool = True,
+                        decision_message: str = "") -> api_pb2.Deployment:
+    """``d`` with its status and conditions; ``decision_message``: the message of the decision that
+    set its desired count, when the event log holds it (:func:`conditions.decision_message`)."""
     desired = state.desired.get(d.id)
     by_state: Counter[str] = Counter()
     by_zone: Counter[str] = Counter()
@@ -210,7 +215,8 @@ def deployment_to_proto(state: ControlState, d: Deployment, *, instances: bool =
     policy = api_pb2.ScalingPolicy(**{f: getattr(p, f) for f in _POLICY_FIELDS})
     status = api_pb2.DeploymentStatus(
         replicas_by_state=dict(by_state), replicas_by_zone=dict(by_zone), gpus_per_instance=d.gpus_per_instance,
-        deleting=d.deleting, instances=infos)
+        deleting=d.deleting, instances=infos,
+        conditions=cond.to_proto(core_conditions.deployment_conditions(state, d, decision_message)))
     if desired is not None:
         status.desired_replicas = desired.replicas
         status.desired_warm_pool = desired.warm_pool
@@ -288,7 +294,11 @@ def cluster_schedulable(state: ControlState, c: Cluster) -> bool:
     return c.schedulable and (z is None or z.schedulable)
 
 
-def cluster_to_proto(state: ControlState, c: Cluster) -> api_pb2.Cluster:
+def cluster_conditions(state: ControlState, c: Cluster, facts: cond.ClusterFacts) -> tuple[core_conditions.Condition, ...]:
+    return core_conditions.cluster_conditions(state, c, facts.configured.get(c.id, ""), facts.links, facts.now_ms)
+
+
+def cluster_to_proto(state: ControlState, c: Cluster, facts: cond.ClusterFacts = cond.NO_FACTS) -> api_pb2.Cluster:
     in_use: Counter[str] = Counter()
     n = 0
     for inst in state.instances.values():
@@ -301,11 +311,12 @@ def cluster_to_proto(state: ControlState, c: Cluster) -> api_pb2.Cluster:
         spec=api_pb2.ClusterSpec(zone=c.zone, region=c.region, capacity=dict(c.capacity),
                                  adapter_address=c.adapter_address),
         status=api_pb2.ClusterStatus(cordoned=c.cordoned, draining=c.draining, gpus_in_use=dict(in_use),
-                                     instances=n, schedulable=cluster_schedulable(state, c)),
+                                     instances=n, schedulable=cluster_schedulable(state, c),
+                                     conditions=cond.to_proto(cluster_conditions(state, c, facts))),
     )
 
 
-def zone_to_proto(state: ControlState, zone_id: str) -> api_pb2.Zone:
+def zone_to_proto(state: ControlState, zone_id: str, facts: cond.ClusterFacts = cond.NO_FACTS) -> api_pb2.Zone:
     """A zone (registered or only named by clusters) with its clusters' capacity and use."""
     z = zone_record(state, zone_id)
     clusters = sorted(c.id for c in state.clusters.values() if c.zone == zone_id)
@@ -322,7 +333,10 @@ def zone_to_proto(state: ControlState, zone_id: str) -> api_pb2.Zone:
         spec=api_pb2.ZoneSpec(region=region),
         status=api_pb2.ZoneStatus(cordoned=bool(z and z.cordoned), draining=bool(z and z.draining),
                                   clusters=clusters, capacity=dict(capacity), gpus_in_use=dict(in_use),
-                                  registered=z is not None),
+                                  registered=z is not None,
+                                  conditions=cond.to_proto(core_conditions.zone_conditions(
+                                      state, zone_id, {cid: cluster_conditions(state, state.clusters[cid], facts)
+                                                       for cid in clusters}))),
     )
 
 

@@ -56,6 +56,7 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from controlplane.api import conditions as conds
 from controlplane.api import convert as cv
 from controlplane.api import limits as lim
 from controlplane.api import names
@@ -153,6 +154,9 @@ class HolderView(Protocol):
 
     def signals_of(self, deployment_id: str) -> Any | None:
         """The deployment's filtered signals, or None."""
+
+    # optional: ``adapter_links() -> {cluster: (delivering, since_ms)}`` (the Cluster conditions'
+    # AdapterConnected; a view without it reads as Unknown)
 
 
 # --- failures -> statuses --------------------------------------------------------------------------------
@@ -598,6 +602,9 @@ class DeploymentsServicer(api_pb2_grpc.DeploymentsServicer):
     def __init__(self, core: ApiCore) -> None:
         self.core = core
 
+    def _decided(self, state: ControlState, deployment_id: str) -> str:
+        return conds.decision_message(getattr(self.core.node, "events", None), state, deployment_id)
+
     @_guarded
     def ApplyDeployment(self, request: api_pb2.ApplyDeploymentRequest, context: grpc.ServicerContext) -> api_pb2.Deployment:
         p = self.core.auth.principal(context)
@@ -639,14 +646,15 @@ class DeploymentsServicer(api_pb2_grpc.DeploymentsServicer):
         got = state.deployments.get(target[0])
         if got is None:
             raise not_found("deployment", name)
-        return cv.deployment_to_proto(state, got)
+        return cv.deployment_to_proto(state, got, decision_message=self._decided(state, got.id))
 
     @_guarded
     def GetDeployment(self, request: api_pb2.GetRequest, context: grpc.ServicerContext) -> api_pb2.Deployment:
         p = self.core.auth.principal(context)
         ref = names.request_ref(p, request.name, "name")
         state, _ = self.core.read(context, request.read)
-        return cv.deployment_to_proto(state, _visible_deployment(state, p, ref, request.name))
+        d = _visible_deployment(state, p, ref, request.name)
+        return cv.deployment_to_proto(state, d, decision_message=self._decided(state, d.id))
 
     @_guarded
     def ListDeployments(self, request: api_pb2.ListRequest, context: grpc.ServicerContext) -> api_pb2.DeploymentList:
@@ -655,7 +663,7 @@ class DeploymentsServicer(api_pb2_grpc.DeploymentsServicer):
             cv.check_name(request.tenant, "tenant")
         state, info = self.core.read(context, request.read)
         items = [
-            cv.deployment_to_proto(state, d, instances=False)
+            cv.deployment_to_proto(state, d, instances=False, decision_message=self._decided(state, d.id))
             for d in sorted(state.deployments.values(), key=lambda d: (d.tenant, local_name(d.id)))
             if p.sees_tenant(d.tenant) and (not request.tenant or d.tenant == request.tenant)
         ]
@@ -704,6 +712,11 @@ class ClustersServicer(api_pb2_grpc.ClustersServicer):
         if not p.is_admin:
             raise permission_denied("clusters and zones are managed by admins only")
 
+    def _facts(self, context: grpc.ServicerContext) -> conds.ClusterFacts:
+        """The lease holder's adapter links for this read's conditions (one forwarded call at most)."""
+        return conds.cluster_facts(self.core.cfg, self.core.holds_lease(), self.core.holder, self.core.forward,
+                                   context, self.core.now_ms())
+
     # clusters -----------------------------------------------------------------------------------------
     @_guarded
     def RegisterCluster(self, request: api_pb2.RegisterClusterRequest, context: grpc.ServicerContext) -> api_pb2.Cluster:
@@ -730,13 +743,14 @@ class ClustersServicer(api_pb2_grpc.ClustersServicer):
         cl = state.clusters.get(name)
         if cl is None:
             raise not_found("cluster", name)
-        return cv.cluster_to_proto(state, cl)
+        return cv.cluster_to_proto(state, cl, self._facts(context))
 
     @_guarded
     def ListClusters(self, request: api_pb2.ListRequest, context: grpc.ServicerContext) -> api_pb2.ClusterList:
         self._admin(context)
         state, info = self.core.read(context, request.read)
-        return api_pb2.ClusterList(items=[cv.cluster_to_proto(state, state.clusters[k]) for k in sorted(state.clusters)],
+        facts = self._facts(context)
+        return api_pb2.ClusterList(items=[cv.cluster_to_proto(state, state.clusters[k], facts) for k in sorted(state.clusters)],
                                    read=info)
 
     @_guarded
@@ -779,7 +793,7 @@ class ClustersServicer(api_pb2_grpc.ClustersServicer):
         cl = state.clusters.get(name)
         if cl is None:
             raise not_found("cluster", name)
-        return cv.cluster_to_proto(state, cl)
+        return cv.cluster_to_proto(state, cl, self._facts(context))
 
     # zones -------------------------------------------------------------------------------------------------
     @_guarded
@@ -806,13 +820,14 @@ class ClustersServicer(api_pb2_grpc.ClustersServicer):
         state, _ = self.core.read(context, request.read)
         if name not in cv.zones_of(state):
             raise not_found("zone", name)
-        return cv.zone_to_proto(state, name)
+        return cv.zone_to_proto(state, name, self._facts(context))
 
     @_guarded
     def ListZones(self, request: api_pb2.ListRequest, context: grpc.ServicerContext) -> api_pb2.ZoneList:
         self._admin(context)
         state, info = self.core.read(context, request.read)
-        return api_pb2.ZoneList(items=[cv.zone_to_proto(state, z) for z in cv.zones_of(state)], read=info)
+        facts = self._facts(context)
+        return api_pb2.ZoneList(items=[cv.zone_to_proto(state, z, facts) for z in cv.zones_of(state)], read=info)
 
     @_guarded
     def DeleteZone(self, request: api_pb2.DeleteRequest, context: grpc.ServicerContext) -> api_pb2.DeleteResponse:
@@ -864,7 +879,7 @@ class ClustersServicer(api_pb2_grpc.ClustersServicer):
         state, _ = self.core.read(context)
         if name not in cv.zones_of(state):
             raise not_found("zone", name)
-        return cv.zone_to_proto(state, name)
+        return cv.zone_to_proto(state, name, self._facts(context))
 
 
 # --- Scaling ----------------------------------------------------------------------------------------------------

@@ -134,7 +134,7 @@ def decision_batch(seq: int, now_ms: int) -> list[Any]:
     """What one control-loop tick commits for 16 deployments: a SetDesired each."""
     from controlplane.domain import commands as c
 
-    return [c.SetDesired(d, 0, 0, f"bench decision {seq}: no_data; allocation granted 0 of 0", now_ms)
+    return [c.SetDesired(d, 0, 0, f"bench decision {seq}: no_data", now_ms)
             for d in deployment_ids()]
 
 

@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 
 from controlplane.core import breaker as br
 from controlplane.core import gpu_memory, model_cache, placement, preemption, room, scaling
+from controlplane.core.grant_reasons import Labeler, PoolFacts, behind_breakers
 from controlplane.core.allocator import AllocationRequest, Allocator, bound_placer
 from controlplane.core.signals import FilteredSignals
 from controlplane.domain import commands as c
@@ -444,9 +445,10 @@ def plan(
     counts = {d.id: _scan(state, d.id, loads, evacuating) for d in deployments}
     if cfg.allocator is not None:
         return _plan_allocated(tick, cfg.allocator, deployments, decisions, counts, loads)
+    capacity = _healthy_capacity(state, tick.breakers, now_ms)
     allocation = preemption.allocate(
         state.tenants, [_demand_of(d, decisions[d.id].target, counts[d.id]) for d in deployments],
-        _healthy_capacity(state, tick.breakers, now_ms), now_ms, explain=False,
+        capacity, now_ms, explain=False,
     )
     warm = _warm_grants(state, deployments, decisions, allocation, tick.breakers, now_ms)
     # Allocation counts serving-bound instances outside evacuating clusters only (``_demand``), so
@@ -466,13 +468,15 @@ def plan(
         by_dep.setdefault(v.deployment_id, []).append(v)
     grants = []
     no_victims: list[preemption.Victim] = []
+    labels = Labeler(state, lambda: {did: g.replicas for did, g in grants_of.items()}, allocation.preemptions,
+                     lambda: PoolFacts(capacity, behind_breakers(state, _cluster_breaker(tick), now_ms)))
     for d in deployments:
         did = d.id
         dec = decisions[did]
         g = grants_of.get(did)
         grant = g.replicas if g is not None else dec.target
         w = warm[did]
-        _record_decision(tick, d, dec, grant, w)
+        _record_decision(tick, d, dec, grant, w, labels)
         _converge(tick, d, grant, w, by_dep.get(did, no_victims), loads, dec.target, counts[did])
         if d.deleting and next(state.instances_of(did), None) is None:
             tick.commands.append(c.RemoveDeployment(did))  # the finalizer: nothing of it is left
@@ -564,10 +568,14 @@ def _plan_allocated(
     for v in out.victims:
         by_dep.setdefault(v.deployment_id, []).append(v)
     grants = []
+    labels = Labeler(state, lambda: {d.id: out.grants.get(d.id, decisions[d.id].target) for d in deployments},
+                     tuple(out.preemptions),
+                     lambda: PoolFacts(_healthy_capacity(state, tick.breakers, tick.now_ms),
+                                       behind_breakers(state, _cluster_breaker(tick), tick.now_ms)))
     for d in deployments:
         dec = decisions[d.id]
         grant = out.grants.get(d.id, dec.target)
-        _record_decision(tick, d, dec, grant, 0)
+        _record_decision(tick, d, dec, grant, 0, labels)
         _converge(tick, d, grant, 0, by_dep.get(d.id, []), loads, dec.target, counts[d.id])
         if d.deleting and next(state.instances_of(d.id), None) is None:
             tick.commands.append(c.RemoveDeployment(d.id))
@@ -775,11 +783,23 @@ def _warm_grants(
     return warm
 
 
-def _record_decision(tick: _Tick, d: Deployment, dec: scaling.ScaleDecision, grant: int, warm: int) -> None:
+def _cluster_breaker(tick: _Tick) -> Callable[[ClusterId], BreakerRecord | None]:
+    """A cluster's breaker as of this tick; None on a tick without a tripped breaker (nothing to scan)."""
+    if not tick.breakers.tripped:
+        return lambda cid: None
+    return lambda cid: tick.breakers.get(cluster_key(cid))
+
+
+def _record_decision(
+    tick: _Tick, d: Deployment, dec: scaling.ScaleDecision, grant: int, warm: int, labels: Labeler
+) -> None:
     old = tick.state.desired.get(d.id)
     if old is None or (old.replicas, old.warm_pool) != (grant, warm):
-        reason = dec.reason.value if grant == dec.target else f"{dec.reason.value}; allocation granted {grant} of {dec.target}"
-        tick.commands.append(c.SetDesired(d.id, grant, warm, reason, tick.now_ms, message=dec.message))
+        # The label names what moved the number (core/grant_reasons.py): the scaling stage when the
+        # grant is the target, else what cut it (preempted, quota, capacity, breaker).
+        reason, note = labels.label(d, dec.reason.value, dec.target, grant, old.replicas if old is not None else None)
+        message = f"{note}; {dec.message}" if note and dec.message else (note or dec.message)
+        tick.commands.append(c.SetDesired(d.id, grant, warm, reason, tick.now_ms, message=message))
     memory = dec.memory
     old_memory = tick.state.memory.get(d.id, EMPTY_MEMORY)
     if memory is not old_memory and memory != old_memory:

@@ -375,6 +375,7 @@ def _base(
     stable: float,
     recommended: tuple[int, ScaleReason, str],
     panic: _Panic,
+    now_ms: int,
 ) -> _Stage:
     rec, reason, note = recommended
     if current <= 0 and (stable > 0 or panic.demand > 0):
@@ -383,12 +384,17 @@ def _base(
     if panic.active:
         target = max(_ceil(stable), _ceil(panic.demand), panic.peak, current)
         note = (
-            f"panic until t={panic.until_ms}ms (threshold {policy.panic_threshold}x of {max(current, 1)}): "
+            f"panic held {_seconds(panic.until_ms - now_ms)} more (threshold {policy.panic_threshold}x of {max(current, 1)}): "
             f"max(stable {_ceil(stable)}, panic {_ceil(panic.demand)}, peak {panic.peak}, "
             f"current {current}) = {target}"
         )
         return _Stage(target, ScaleReason.PANIC, (note,))
     return _Stage(rec, reason, (note,))
+
+
+def _seconds(ms: int) -> str:
+    """A duration for people: ``12.0 s`` (decision messages never print epoch milliseconds)."""
+    return f"{max(0, ms) / 1000:.1f} s"
 
 
 def _stabilize(window_ms: int, stage: _Stage, recs: tuple[tuple[int, int], ...], current: int) -> _Stage:
@@ -410,8 +416,8 @@ def _cooldown(policy: ScalingPolicy, stage: _Stage, memory: ScaleMemory, current
     if stage.target >= current or last < 0 or now_ms - last >= policy.scale_down_cooldown_ms:
         return stage
     note = (
-        f"scale-down to {stage.target} deferred: last scale-down at t={last}ms, "
-        f"cooldown {policy.scale_down_cooldown_ms}ms until t={last + policy.scale_down_cooldown_ms}ms"
+        f"scale-down to {stage.target} deferred: last scale-down {_seconds(now_ms - last)} ago, "
+        f"cooldown {_seconds(policy.scale_down_cooldown_ms)}, {_seconds(last + policy.scale_down_cooldown_ms - now_ms)} left"
     )
     return _Stage(current, ScaleReason.COOLDOWN, stage.notes + (note,))
 
@@ -532,7 +538,7 @@ def decide(
     panic = _panic_state(policy, profile, signals, memory, current, now_ms)
     recommended = _recommend(policy, stable, current)
     recs = push_rec(memory.recs, recommended[0], now_ms, window)
-    stage = _base(policy, current, stable, recommended, panic)
+    stage = _base(policy, current, stable, recommended, panic, now_ms)
     stage = _stabilize(window, stage, recs, current)
     stage = _cooldown(policy, stage, memory, current, now_ms)
     stage = _step(policy, stage, current)

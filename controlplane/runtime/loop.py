@@ -187,6 +187,17 @@ class ControlLoop:
         Safe to call from another thread."""
         return self.last_signals.get(deployment_id)
 
+    def adapter_links(self, now_ms: int) -> dict[ClusterId, tuple[bool, int]]:
+        """Per cluster whose adapter this loop has heard from: (delivering now, since when: the
+        start of the current run of batches, else the latest batch). Safe to call from another
+        thread (a copy of the mapping is read; its values are frozen)."""
+        fresh = self._cfg.adapter_fresh_ms
+        out = {}
+        for cid, d in dict(self._delivery).items():
+            connected = now_ms - d.last_ms <= fresh
+            out[cid] = (connected, d.since_ms if connected else d.last_ms)
+        return out
+
     def tick(self, now_ms: int) -> TickReport:
         self._stats["ticks"] += 1
         epoch = self._authority(now_ms)

@@ -88,3 +88,29 @@ def test_a_follower_explains_with_the_holders_live_view(members) -> None:
     out = wait_until(lambda: (e := api.scaling.Explain(api_pb2.ExplainRequest(deployment="x1/dx1"), timeout=10))
                      .HasField("live") and e, 15.0, "the holder's live evaluation of dx1")
     assert out.lease_holder == holder.cfg.node_id and out.read.served_by == follower.cfg.node_id
+
+
+def test_a_follower_reads_adapter_connectivity_from_the_lease_holder(members, monkeypatch: pytest.MonkeyPatch) -> None:
+    cos, token = members
+    holder = _holder(cos)
+    follower = next(c for c in cos if c is not holder)
+    api = Api(follower.cfg.api_address, token)
+    api.clusters.RegisterCluster(api_pb2.RegisterClusterRequest(cluster=api_pb2.Cluster(
+        metadata=api_pb2.ObjectMeta(name="cx"),
+        spec=api_pb2.ClusterSpec(zone="zx", capacity={"l4": 1}, adapter_address="127.0.0.1:9"))), timeout=10)
+    # what the holder's control loop knows (its loop hears no adapter here): cx delivers since t=1234
+    monkeypatch.setattr(holder.api.core.holder, "adapter_links", lambda: {"cx": (True, 1234)})  # type: ignore[union-attr]
+
+    def adapter(cl: api_pb2.Cluster) -> api_pb2.Condition:
+        return next(c for c in cl.status.conditions if c.type == "AdapterConnected")
+
+    got = adapter(api.clusters.GetCluster(api_pb2.GetRequest(name="cx"), timeout=10))
+    assert (got.status, got.reason, got.last_transition_ms) == ("True", "Connected", 1234)
+    listed = next(cl for cl in api.clusters.ListClusters(api_pb2.ListRequest(), timeout=10).items if cl.metadata.name == "cx")
+    assert adapter(listed).status == "True"
+    zone = api.clusters.GetZone(api_pb2.GetRequest(name="zx"), timeout=10)
+    assert [(c.type, c.status) for c in zone.status.conditions][0] == ("Ready", "True")
+    # no holder to ask: Unknown (a call the follower itself forwarded is never forwarded again)
+    monkeypatch.setattr(follower.api.core, "holder_api_address", lambda: None)  # type: ignore[union-attr]
+    got = adapter(api.clusters.GetCluster(api_pb2.GetRequest(name="cx"), timeout=10))
+    assert (got.status, got.reason) == ("Unknown", "NoLeaseHolder")

@@ -92,7 +92,8 @@ def test_the_allocation_counts_only_the_gpus_a_cordoned_cluster_already_holds() 
     assert p.grants == (("chat", 3, 0),)
     assert [x.cluster_id for x in of_type(p, c.CreateInstance)] == ["c2", "c2"]
     (sd,) = of_type(p, c.SetDesired)
-    assert sd.reason == "panic; allocation granted 3 of 6"
+    assert sd.reason == "capacity"
+    assert sd.message.startswith("pool h100 full: 3 of 3 GPUs granted: granted 3 of 6 replicas x 1 GPUs; panic held")
 
 
 def test_a_cordoned_zone_record_cordons_every_cluster_in_it() -> None:

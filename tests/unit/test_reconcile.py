@@ -460,7 +460,8 @@ def test_high_priority_demand_preempts_borrowed_instances_with_grace() -> None:
     assert p.commands == (
         c.SetDesired("hi-chat", 3, 0, "no_data", T0, message=no_data(3)),
         c.CreateInstance(f"hi-chat-{T0}-0", "hi-chat", "c1", T0),  # the one free GPU
-        c.SetDesired("lo-chat", 1, 0, "no_data; allocation granted 1 of 3", T0, message=no_data(3)),
+        c.SetDesired("lo-chat", 1, 0, "preempted", T0,
+                     message="preempted by tenant hi (priority 10): granted 1 of 3 replicas x 1 GPUs; " + no_data(3)),
         move("lo-2", E.DRAIN, drain_deadline_ms=deadline, preempted=True),  # least loaded first
         move("lo-1", E.DRAIN, drain_deadline_ms=deadline, preempted=True),
     )

@@ -18,6 +18,20 @@ class ObjectMeta(_message.Message):
     updated_ms: int
     def __init__(self, name: _Optional[str] = ..., resource_version: _Optional[int] = ..., created_ms: _Optional[int] = ..., updated_ms: _Optional[int] = ...) -> None: ...
 
+class Condition(_message.Message):
+    __slots__ = ("type", "status", "reason", "message", "last_transition_ms")
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    LAST_TRANSITION_MS_FIELD_NUMBER: _ClassVar[int]
+    type: str
+    status: str
+    reason: str
+    message: str
+    last_transition_ms: int
+    def __init__(self, type: _Optional[str] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., last_transition_ms: _Optional[int] = ...) -> None: ...
+
 class ReadOptions(_message.Message):
     __slots__ = ("linearizable",)
     LINEARIZABLE_FIELD_NUMBER: _ClassVar[int]
@@ -218,7 +232,7 @@ class InstanceInfo(_message.Message):
     def __init__(self, id: _Optional[str] = ..., state: _Optional[str] = ..., cluster: _Optional[str] = ..., zone: _Optional[str] = ..., init_method: _Optional[str] = ..., since_ms: _Optional[int] = ..., preempted: _Optional[bool] = ...) -> None: ...
 
 class DeploymentStatus(_message.Message):
-    __slots__ = ("desired_replicas", "desired_warm_pool", "generation", "reason", "decided_ms", "replicas_by_state", "replicas_by_zone", "gpus_per_instance", "deleting", "instances")
+    __slots__ = ("desired_replicas", "desired_warm_pool", "generation", "reason", "decided_ms", "replicas_by_state", "replicas_by_zone", "gpus_per_instance", "deleting", "instances", "conditions")
     class ReplicasByStateEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -243,6 +257,7 @@ class DeploymentStatus(_message.Message):
     GPUS_PER_INSTANCE_FIELD_NUMBER: _ClassVar[int]
     DELETING_FIELD_NUMBER: _ClassVar[int]
     INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    CONDITIONS_FIELD_NUMBER: _ClassVar[int]
     desired_replicas: int
     desired_warm_pool: int
     generation: int
@@ -253,7 +268,8 @@ class DeploymentStatus(_message.Message):
     gpus_per_instance: int
     deleting: bool
     instances: _containers.RepeatedCompositeFieldContainer[InstanceInfo]
-    def __init__(self, desired_replicas: _Optional[int] = ..., desired_warm_pool: _Optional[int] = ..., generation: _Optional[int] = ..., reason: _Optional[str] = ..., decided_ms: _Optional[int] = ..., replicas_by_state: _Optional[_Mapping[str, int]] = ..., replicas_by_zone: _Optional[_Mapping[str, int]] = ..., gpus_per_instance: _Optional[int] = ..., deleting: _Optional[bool] = ..., instances: _Optional[_Iterable[_Union[InstanceInfo, _Mapping]]] = ...) -> None: ...
+    conditions: _containers.RepeatedCompositeFieldContainer[Condition]
+    def __init__(self, desired_replicas: _Optional[int] = ..., desired_warm_pool: _Optional[int] = ..., generation: _Optional[int] = ..., reason: _Optional[str] = ..., decided_ms: _Optional[int] = ..., replicas_by_state: _Optional[_Mapping[str, int]] = ..., replicas_by_zone: _Optional[_Mapping[str, int]] = ..., gpus_per_instance: _Optional[int] = ..., deleting: _Optional[bool] = ..., instances: _Optional[_Iterable[_Union[InstanceInfo, _Mapping]]] = ..., conditions: _Optional[_Iterable[_Union[Condition, _Mapping]]] = ...) -> None: ...
 
 class Deployment(_message.Message):
     __slots__ = ("metadata", "spec", "status")
@@ -301,7 +317,7 @@ class ClusterSpec(_message.Message):
     def __init__(self, zone: _Optional[str] = ..., region: _Optional[str] = ..., capacity: _Optional[_Mapping[str, int]] = ..., adapter_address: _Optional[str] = ...) -> None: ...
 
 class ClusterStatus(_message.Message):
-    __slots__ = ("cordoned", "draining", "gpus_in_use", "instances", "schedulable")
+    __slots__ = ("cordoned", "draining", "gpus_in_use", "instances", "schedulable", "conditions")
     class GpusInUseEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -314,12 +330,14 @@ class ClusterStatus(_message.Message):
     GPUS_IN_USE_FIELD_NUMBER: _ClassVar[int]
     INSTANCES_FIELD_NUMBER: _ClassVar[int]
     SCHEDULABLE_FIELD_NUMBER: _ClassVar[int]
+    CONDITIONS_FIELD_NUMBER: _ClassVar[int]
     cordoned: bool
     draining: bool
     gpus_in_use: _containers.ScalarMap[str, int]
     instances: int
     schedulable: bool
-    def __init__(self, cordoned: _Optional[bool] = ..., draining: _Optional[bool] = ..., gpus_in_use: _Optional[_Mapping[str, int]] = ..., instances: _Optional[int] = ..., schedulable: _Optional[bool] = ...) -> None: ...
+    conditions: _containers.RepeatedCompositeFieldContainer[Condition]
+    def __init__(self, cordoned: _Optional[bool] = ..., draining: _Optional[bool] = ..., gpus_in_use: _Optional[_Mapping[str, int]] = ..., instances: _Optional[int] = ..., schedulable: _Optional[bool] = ..., conditions: _Optional[_Iterable[_Union[Condition, _Mapping]]] = ...) -> None: ...
 
 class Cluster(_message.Message):
     __slots__ = ("metadata", "spec", "status")
@@ -352,7 +370,7 @@ class ZoneSpec(_message.Message):
     def __init__(self, region: _Optional[str] = ...) -> None: ...
 
 class ZoneStatus(_message.Message):
-    __slots__ = ("cordoned", "draining", "clusters", "capacity", "gpus_in_use", "registered")
+    __slots__ = ("cordoned", "draining", "clusters", "capacity", "gpus_in_use", "registered", "conditions")
     class CapacityEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -373,13 +391,15 @@ class ZoneStatus(_message.Message):
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     GPUS_IN_USE_FIELD_NUMBER: _ClassVar[int]
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
+    CONDITIONS_FIELD_NUMBER: _ClassVar[int]
     cordoned: bool
     draining: bool
     clusters: _containers.RepeatedScalarFieldContainer[str]
     capacity: _containers.ScalarMap[str, int]
     gpus_in_use: _containers.ScalarMap[str, int]
     registered: bool
-    def __init__(self, cordoned: _Optional[bool] = ..., draining: _Optional[bool] = ..., clusters: _Optional[_Iterable[str]] = ..., capacity: _Optional[_Mapping[str, int]] = ..., gpus_in_use: _Optional[_Mapping[str, int]] = ..., registered: _Optional[bool] = ...) -> None: ...
+    conditions: _containers.RepeatedCompositeFieldContainer[Condition]
+    def __init__(self, cordoned: _Optional[bool] = ..., draining: _Optional[bool] = ..., clusters: _Optional[_Iterable[str]] = ..., capacity: _Optional[_Mapping[str, int]] = ..., gpus_in_use: _Optional[_Mapping[str, int]] = ..., registered: _Optional[bool] = ..., conditions: _Optional[_Iterable[_Union[Condition, _Mapping]]] = ...) -> None: ...
 
 class Zone(_message.Message):
     __slots__ = ("metadata", "spec", "status")

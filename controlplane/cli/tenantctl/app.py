@@ -20,6 +20,7 @@ from rich.text import Text
 from controlplane.api import manifests as mf
 from controlplane.api.client import ApiClient, ApiError, Notice, Unreachable
 from controlplane.api.v1 import admin_pb2, api_pb2
+from controlplane.cli.tenantctl import conditions
 from controlplane.cli.tenantctl import config as cfgmod
 from controlplane.cli.tenantctl import render
 from controlplane.config import ConfigError, address_problem
@@ -534,8 +535,10 @@ def _describe(s: Session, client: ApiClient, kind: str, obj: Any) -> None:
     _nested(s, mf.plain(obj.spec), 2)
     status = mf.plain(obj.status)
     instances = status.pop("instances", [])
+    status.pop("conditions", None)  # the table below
     s.console.print(Text("Status:"))
     _nested(s, status, 2)
+    conditions.print_conditions(s.console, obj.status.conditions)
     if kind != "Deployment":
         return
     if instances:
@@ -644,6 +647,7 @@ def cmd_apply(s: Session) -> int:
                 continue
             s.out.write(f"{prefix}{m.ref} {verb}\n")
             s.out.flush()
+            conditions.warn_after_apply(s.err, client, m.kind, m.address, METHODS.get(m.kind, ("", ""))[:2])
     return outcome.code
 
 

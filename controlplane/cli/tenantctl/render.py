@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from controlplane.api.v1 import api_pb2
+from controlplane.cli.tenantctl.conditions import blocking_reason
 
 FORMATS = ("table", "wide", "json", "yaml", "name")
 
@@ -108,7 +109,7 @@ TENANT_WIDE = ["TTFT-SLO", "MAX-QUEUE", "VERSION"]
 def deployment_row(d: api_pb2.Deployment, wide: bool, now: int) -> list[str]:
     s, st = d.spec, d.status
     ready, standby = _state_counts(d)
-    status = "Deleting" if st.deleting else "Active"
+    status = "Deleting" if st.deleting else (blocking_reason(st.conditions) or "Active")
     row = [d.metadata.name, s.tenant, s.model, s.pool, f"{ready}/{st.desired_replicas}",
            f"{standby}/{st.desired_warm_pool}", status, age(d.metadata.created_ms, now)]
     if wide:
@@ -134,7 +135,8 @@ def _sched(cordoned: bool, draining: bool, schedulable: bool = True) -> str:
 def cluster_row(c: api_pb2.Cluster, wide: bool, now: int) -> list[str]:
     s, st = c.spec, c.status
     row = [c.metadata.name, s.zone, s.region or "local", gpu_map(s.capacity), gpu_map(st.gpus_in_use),
-           str(st.instances), _sched(st.cordoned, st.draining, st.schedulable), age(c.metadata.created_ms, now)]
+           str(st.instances), blocking_reason(st.conditions) or _sched(st.cordoned, st.draining, st.schedulable),
+           age(c.metadata.created_ms, now)]
     if wide:
         row += [s.adapter_address or "(configured)", str(c.metadata.resource_version)]
     return row
@@ -147,7 +149,8 @@ CLUSTER_WIDE = ["ADAPTER", "VERSION"]
 def zone_row(z: api_pb2.Zone, wide: bool, now: int) -> list[str]:
     s, st = z.spec, z.status
     row = [z.metadata.name, s.region or "local", ",".join(st.clusters) or "-", gpu_map(st.capacity),
-           gpu_map(st.gpus_in_use), _sched(st.cordoned, st.draining), age(z.metadata.created_ms, now)]
+           gpu_map(st.gpus_in_use), blocking_reason(st.conditions) or _sched(st.cordoned, st.draining),
+           age(z.metadata.created_ms, now)]
     if wide:
         row += ["yes" if st.registered else "no", str(z.metadata.resource_version)]
     return row

@@ -1,0 +1,83 @@
+"""Status conditions in tenantctl (docs/tenantctl.md "Conditions"): the blocking reason ``get``
+shows in its STATUS column, the table ``describe`` prints, and the warning ``apply`` writes on
+stderr when the object it just wrote cannot be scheduled (exit status unchanged, like kubectl's
+warnings)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.text import Text
+
+BAD_STATUS = {"Schedulable": "False", "AdapterConnected": "False", "Preempted": "True", "QuotaExceeded": "True",
+              "BreakerOpen": "True", "Ready": "False"}
+"""The status of each condition type that blocks or degrades an object."""
+PRECEDENCE = ("Schedulable", "AdapterConnected", "Preempted", "QuotaExceeded", "BreakerOpen", "Ready")
+"""Which blocking condition ``get`` names first: what stops it before what follows from it."""
+WARN_TYPES = {"Deployment": ("Schedulable",), "Cluster": ("AdapterConnected", "Schedulable")}
+"""The conditions ``apply`` warns about per kind (when they block)."""
+
+HEADERS = ["TYPE", "STATUS", "REASON", "MESSAGE", "LAST TRANSITION"]
+
+
+def blocking(conditions: Sequence[Any]) -> Any | None:
+    """The blocking condition ``get`` names (by :data:`PRECEDENCE`), or None."""
+    bad = [c for c in conditions if BAD_STATUS.get(c.type) == c.status]
+    return min(bad, key=lambda c: PRECEDENCE.index(c.type)) if bad else None
+
+
+def blocking_reason(conditions: Sequence[Any]) -> str | None:
+    """The reason of the blocking condition (``NoCapacityInPool``, ``NoAdapter``...); ``Unknown``
+    when none blocks but readiness is unknown; None when all is well or the server sent none."""
+    c = blocking(conditions)
+    if c is not None:
+        return str(c.reason)
+    if any(x.type == "Ready" and x.status == "Unknown" for x in conditions):
+        return "Unknown"
+    return None
+
+
+def conditions_rows(conditions: Sequence[Any]) -> list[list[str]]:
+    from controlplane.cli.tenantctl.render import rfc3339
+
+    return [[c.type, c.status, c.reason or "-", c.message or "-", rfc3339(c.last_transition_ms)] for c in conditions]
+
+
+def conditions_table(conditions: Sequence[Any], indent: str = "  ") -> Any:
+    """A kubectl-like table of every condition (times in RFC 3339)."""
+    from controlplane.cli.tenantctl.render import make_table
+
+    rows = conditions_rows(conditions)
+    return make_table([indent + HEADERS[0], *HEADERS[1:]], [[indent + r[0], *r[1:]] for r in rows])
+
+
+def print_conditions(console: Console, conditions: Sequence[Any]) -> None:
+    """``Conditions:`` and the table (nothing when the server sent none)."""
+    if conditions:
+        console.print(Text("Conditions:"))
+        console.print(conditions_table(conditions))
+
+
+def warnings(kind: str, name: str, conditions: Sequence[Any]) -> list[str]:
+    """``Warning: deployment/x: Schedulable=False NoCapacityInPool: ...`` lines for what blocks."""
+    types = WARN_TYPES.get(kind, ())
+    return [f"Warning: {kind.lower()}/{name}: {c.type}={c.status} {c.reason}: {c.message}"
+            for c in conditions if c.type in types and BAD_STATUS.get(c.type) == c.status]
+
+
+def warn_after_apply(err: TextIO, client: Any, kind: str, name: str, get: tuple[str, str]) -> None:
+    """Read back the object just written and warn on ``err`` about what blocks it. A failed read
+    warns nothing (the apply itself succeeded)."""
+    if kind not in WARN_TYPES:
+        return
+    from controlplane.api.v1 import api_pb2
+
+    try:
+        obj = client.call(get[0], get[1], api_pb2.GetRequest(name=name))
+    except Exception:  # noqa: BLE001  (ApiError, Unreachable: only a warning is lost)
+        return
+    label = obj.metadata.name
+    for line in warnings(kind, label, obj.status.conditions):
+        print(line, file=err)
