@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import stat
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +24,7 @@ from controlplane.api.client import ApiClient
 from controlplane.api.v1 import api_pb2
 from controlplane.cli.main import main as controlplane_main
 from controlplane.cli.tenantctl.jsonpath import JsonPathError, render
+from controlplane.cli.tenantctl.render import person_times, rfc3339
 from controlplane.cli.version import version
 from controlplane.domain.errors import ValidationError
 from controlplane.domain.labels import check_labels, parse_selector
@@ -472,3 +475,35 @@ def test_yaml_times_json_ms_and_the_round_trip(g: RealCtl) -> None:
         assert after["spec"] == before["spec"] and after["metadata"]["labels"] == before["metadata"]["labels"]
     status = yaml.safe_load(ok(g, "get", "deployment", "rt/svc", "-o", "yaml")).get("status", {})
     assert "decided_ms" not in status and ("decidedTime" not in status or RFC3339.fullmatch(status["decidedTime"]))
+
+
+# --------------------------------------------------------------------------------------------------
+# completion, messages
+# --------------------------------------------------------------------------------------------------
+
+
+def _complete(script: str, words: list[str]) -> list[str]:
+    line = " ".join(words)
+    cmd = (f"{script}\nCOMP_WORDS=({line}); COMP_CWORD={len(words) - 1}; _tenantctl; "
+           'printf "%s\\n" "${COMPREPLY[@]}"')
+    done = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=30, check=True)
+    return done.stdout.split()
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_completion_knows_the_new_commands_and_options(g: RealCtl) -> None:
+    script = ok(g, "completion", "bash")
+    assert {"scale", "edit"} <= set(_complete(script, ["tenantctl", "sc"]) + _complete(script, ["tenantctl", "ed"]))
+    assert "--sort-by" in _complete(script, ["tenantctl", "get", "tenants", "--so"])
+    assert {"--selector", "--show-labels"} <= set(_complete(script, ["tenantctl", "get", "tenants", "--s"]))
+    assert {"--wait", "--ignore-not-found", "--recursive"} <= set(
+        _complete(script, ["tenantctl", "delete", "deployments", "--"]))
+    assert {"--replicas", "--min", "--max"} <= set(_complete(script, ["tenantctl", "scale", "deployment", "x", "--"]))
+    assert {"set-context", "current-context"} <= set(_complete(script, ["tenantctl", "config", ""]))
+    assert "jsonpath=" in _complete(script, ["tenantctl", "get", "tenants", "-o", "j"])
+
+
+def test_server_messages_show_wall_clock_instants_in_rfc3339() -> None:
+    assert person_times("panic until t=1796160940691ms (threshold 1.6x)") == (
+        f"panic until {rfc3339(1796160940691)} (threshold 1.6x)")
+    assert person_times("last scale-down at t=5000ms") == "last scale-down at t=5000ms"  # virtual time

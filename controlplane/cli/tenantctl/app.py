@@ -532,7 +532,7 @@ def _when(ms: int) -> str:
 def _history_table(history: Sequence[api_pb2.Decision], indent: bool = False) -> Any:
     pad = "  " if indent else ""
     rows = [[pad + str(d.revision), render.clock(d.at_ms), str(d.replicas), str(d.warm_pool), d.reason or "-",
-             d.message or ""] for d in history]
+             render.person_times(d.message)] for d in history]
     return render.make_table([pad + "REVISION", "TIME", "REPLICAS", "WARM", "REASON", "MESSAGE"], rows)
 
 
@@ -741,7 +741,7 @@ def _print_explain(s: Session, exp: api_pb2.Explanation) -> None:
         _kv(s, "warm pool", f"{lv.warm_pool} Standby granted", 2)
         _kv(s, "reason", lv.reason or "-", 2)
         if lv.message:
-            _kv(s, "message", lv.message, 2)
+            _kv(s, "message", render.person_times(lv.message), 2)
         _kv(s, "panic", "yes" if lv.panic else "no", 2)
         if lv.unknown_signals:
             _kv(s, "load unknown", f"{', '.join(lv.unknown_signals)} (not reported by every serving instance: "

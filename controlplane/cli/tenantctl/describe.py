@@ -198,7 +198,7 @@ def _decisions(client: ApiClient, obj: Any) -> str:
         return "Decisions:  <unavailable>\n"
     if not exp.history:
         return "Decisions:  <none>\n"
-    rows = [[d.revision, render.rfc3339(d.at_ms), d.replicas, d.warm_pool, d.reason or "-", d.message or "-"]
+    rows = [[d.revision, render.rfc3339(d.at_ms), d.replicas, d.warm_pool, d.reason or "-", render.person_times(d.message) or "-"]
             for d in exp.history]
     return "\n".join(["Decisions:", *table(["REVISION", "TIME", "REPLICAS", "WARM", "REASON", "MESSAGE"], rows)]) + "\n"
 

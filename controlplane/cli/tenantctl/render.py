@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -45,6 +46,16 @@ def rfc3339(ms: int) -> str:
     base = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000))
     frac = ms % 1000
     return f"{base}.{frac:03d}Z" if frac else f"{base}Z"
+
+
+_WALL_MS = re.compile(r"\bt=(1\d{12})ms\b")
+
+
+def person_times(text: str) -> str:
+    """A server message with its wall-clock instants (``panic until t=1796160940691ms``) written in
+    RFC 3339 (``panic until 2026-12-02T17:41:23.125Z``). Only 13-digit values (2001..2286) are
+    taken for wall-clock times: virtual times of a simulation stay as they are."""
+    return _WALL_MS.sub(lambda m: rfc3339(int(m.group(1))), text)
 
 
 def clock(ms: int) -> str:
@@ -196,7 +207,7 @@ def event_detail(e: api_pb2.Event) -> str:
                 + (f" on {where}" if where else ""))
     if e.type == "DECIDED":
         text = f"replicas {e.replicas}, warm pool {e.warm_pool}: {e.reason or '-'}"
-        return text + (f" ({e.message})" if e.message else "")
+        return text + (f" ({person_times(e.message)})" if e.message else "")
     if e.type == "BOOKMARK":
         return "(no change)"
     return f"tenant {e.tenant}" if e.tenant and e.kind != "Tenant" else ""
