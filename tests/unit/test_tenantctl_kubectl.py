@@ -132,6 +132,7 @@ def test_labels_round_trip_and_select_on_the_server(g: RealCtl) -> None:
     # --show-labels and describe show them; a cordon keeps them; an apply without them removes them
     table = ok(g, "get", "tenants", "--show-labels", "-l", "team")
     assert "LABELS" in table and "example.com/tier=gold,team=search" in table and "team=batch" in table
+    assert all(line == line.rstrip() for line in table.splitlines())  # no padding left at line ends
     ok(g, "zone", "cordon", "lab-z")
     assert yaml.safe_load(ok(g, "get", "zone", "lab-z", "-o", "yaml"))["metadata"]["labels"] == {"site": "fra"}
     apply(g, tenant("lab-b"))

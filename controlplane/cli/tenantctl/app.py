@@ -456,7 +456,7 @@ def print_objects(s: Session, kind: str, results: list[tuple[cfgmod.Context, lis
         if results:
             print(f"No {kind.lower()}s found.", file=s.err)
         return
-    s.console.print(render.make_table(headers, rows))
+    kubectl.print_table(s, render.make_table(headers, rows))
     s._widths = render.column_widths(headers, rows)  # type: ignore[attr-defined]
 
 
@@ -492,6 +492,8 @@ def _get_watch(s: Session, kind: str, ctx: cfgmod.Context | None) -> int:
                 if exc.code is grpc.StatusCode.NOT_FOUND:
                     continue
                 raise
+            if not kubectl.watch_matches(s, obj):
+                continue
             row = render.row_of(kind, obj, wide, render.now_ms())
         if s.args.output in ("json", "yaml"):
             render.dump(s.console, _as_data(kind, obj) if obj is not None else {"kind": kind, "name": name,

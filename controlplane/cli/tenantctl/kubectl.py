@@ -26,6 +26,7 @@ from controlplane.api.v1 import api_pb2
 from controlplane.cli.tenantctl import config as cfgmod
 from controlplane.cli.tenantctl import jsonpath, views
 from controlplane.config import ConfigError, read_yaml_mapping
+from controlplane.domain.labels import parse_selector
 
 if TYPE_CHECKING:
     from controlplane.cli.tenantctl.app import Session
@@ -147,6 +148,24 @@ def sort_results(s: Session, kind: str, results: list[tuple[Any, list[Any]]]) ->
     except jsonpath.JsonPathError as exc:
         raise _usage(f"--sort-by: {exc}") from None
     return [(ctx, sorted(objs, key=lambda o: key(views.object_data(kind, o)))) for ctx, objs in results]
+
+
+def watch_matches(s: Session, obj: Any) -> bool:
+    """``get -l SELECTOR -w``: whether a changed object still matches (the list was selected by the
+    server; the rows that follow are selected here, with the same rules)."""
+    sel = s.opt("selector") or ""
+    return not sel or parse_selector(sel, "--selector").matches(obj.metadata.labels)
+
+
+def print_table(s: Session, table: Any) -> None:
+    """A rich table; off a terminal without the padding rich leaves at the end of each line."""
+    if s.tty:
+        s.console.print(table)
+        return
+    with s.console.capture() as cap:
+        s.console.print(table)
+    s.out.write("".join(line.rstrip() + "\n" for line in cap.get().splitlines()))
+    s.out.flush()
 
 
 def labels_cell(obj: Any) -> str:
