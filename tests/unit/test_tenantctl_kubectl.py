@@ -373,7 +373,9 @@ def test_config_set_context_and_current_context(g: RealCtl, tmp_path: Path) -> N
         return g.ctl(*args, config=cfg)
 
     code, _, err = ctl("config", "set-context", "lab")
-    assert code == 2 and "endpoints" in err and not cfg.exists()
+    assert code == 2 and "set-context lab: endpoints: required (give --endpoint HOST:PORT)" in err and not cfg.exists()
+    code, _, err = ctl("config", "set-context", "lab", "--endpoint", g.endpoint, "--insecure", "--ca-file", "ca.pem")
+    assert code == 2 and "exclude each other" in err and not cfg.exists()
     code, out, err = ctl("config", "set-context", "lab", "--endpoint", g.endpoint, "--insecure", "--token-file",
                          str(token_file), "--current")
     assert code == 0 and "Context 'lab' created" in out, err

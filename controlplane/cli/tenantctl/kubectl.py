@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import subprocess
 import tempfile
@@ -19,13 +20,14 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 import yaml
+from pydantic import ValidationError as PydanticValidationError
 
 from controlplane.api import manifests as mf
 from controlplane.api.client import ApiClient, ApiError, Unreachable
 from controlplane.api.v1 import api_pb2
 from controlplane.cli.tenantctl import config as cfgmod
 from controlplane.cli.tenantctl import jsonpath, views
-from controlplane.config import ConfigError, read_yaml_mapping
+from controlplane.config import ConfigError, first_problem, read_yaml_mapping
 from controlplane.domain.labels import parse_selector
 
 if TYPE_CHECKING:
@@ -475,6 +477,8 @@ def config_set_context(s: Session, path: Path) -> int:
     if entry is None:
         entry = {"name": name}
         contexts.append(entry)
+    if s.args.insecure and s.opt("ca_file"):
+        raise app.UsageError("config set-context: --insecure (plaintext) and --ca-file (TLS) exclude each other")
     endpoints = s.endpoints_flag()
     if endpoints:
         entry["endpoints"] = endpoints
@@ -493,12 +497,11 @@ def config_set_context(s: Session, path: Path) -> int:
         raw["current-context"] = name
     try:
         cfgmod.FileConfig.model_validate(raw)
-    except Exception as exc:  # noqa: BLE001 - pydantic's ValidationError: one line naming the field
-        from controlplane.config import first_problem
-
-        field, problem = first_problem(exc)  # type: ignore[arg-type]
-        raise app.UsageError(f"config set-context {name}: {field.replace('contexts.', 'context ') + ': ' if field else ''}"
-                             f"{problem}") from None
+    except PydanticValidationError as exc:
+        field, problem = first_problem(exc)
+        field = re.sub(r"^contexts\[\d+\]\.?", "", field)
+        hint = " (give --endpoint HOST:PORT)" if field == "endpoints" else ""
+        raise app.UsageError(f"config set-context {name}: {field + ': ' if field else ''}{problem}{hint}") from None
     cfgmod.write_raw(path, raw)
     s.out.write(f"Context {name!r} {'created' if created else 'modified'} in {path}"
                 + (" (now the current context)" if s.args.current else "") + ".\n")
