@@ -250,7 +250,7 @@ def _unescape(s: str) -> str:
     return s.replace("\\n", "\n").replace("\\t", "\t").replace("\\r", "\r").replace('\\"', '"').replace("\\\\", "\\")
 
 
-def _text_of(v: Any) -> str:
+def text_of(v: Any) -> str:
     if isinstance(v, str):
         return v
     return json.dumps(v, separators=(",", ":")) if isinstance(v, (dict, list)) else json.dumps(v)
@@ -262,7 +262,7 @@ def execute(template: list[Any], data: Any) -> str:
         if node[0] == "text":
             out.append(node[1])
         elif node[0] == "path":
-            out.append(" ".join(_text_of(v) for v in find(node[1], data)))
+            out.append(" ".join(text_of(v) for v in find(node[1], data)))
         else:
             found = find(node[1], data)
             if len(found) == 1 and isinstance(found[0], list):  # {range .items}: its elements

@@ -199,7 +199,7 @@ def print_template(s: Session, kind: str, results: list[tuple[Any, list[Any]]], 
             columns.append((head, jsonpath.parse_path(path)))
         except jsonpath.JsonPathError as exc:
             raise _usage(f"-o custom-columns: {exc}") from None
-    rows = [[",".join(jsonpath._text_of(v) for v in jsonpath.find(steps, d)) or "<none>" for _, steps in columns]
+    rows = [[",".join(jsonpath.text_of(v) for v in jsonpath.find(steps, d)) or "<none>" for _, steps in columns]
             for d in items]
     from controlplane.cli.tenantctl.describe import table
 
