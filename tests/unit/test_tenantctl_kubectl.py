@@ -6,6 +6,7 @@ script), ``delete --wait / --ignore-not-found``, ``config set-context / current-
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import shutil
@@ -23,6 +24,7 @@ import yaml
 from controlplane.api.client import ApiClient
 from controlplane.api.v1 import api_pb2
 from controlplane.cli.main import main as controlplane_main
+from controlplane.cli.tenantctl import run
 from controlplane.cli.tenantctl.jsonpath import JsonPathError, render
 from controlplane.cli.tenantctl.render import person_times, rfc3339
 from controlplane.cli.version import version
@@ -30,6 +32,7 @@ from controlplane.domain.errors import ValidationError
 from controlplane.domain.labels import check_labels, parse_selector
 from tests.support.real_ctl import RealCtl, real_ctl
 from tests.unit.test_api_server import MODEL, code_of
+from tests.unit.test_tenantctl_fake import ADMIN_TOKEN, FakeGroup
 
 RFC3339 = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{3})?Z")
 EPOCH_MS = re.compile(r"\b1[6-9]\d{11}\b")
@@ -358,6 +361,30 @@ def test_delete_wait_and_ignore_not_found(g: RealCtl) -> None:
     assert code == 1 and "NOT_FOUND" in stderr
     out = ok(g, "delete", "tenant", "dw", "--wait")
     assert out.startswith("tenant/dw deleted")
+
+
+def test_delete_wait_gives_up_at_the_timeout(tmp_path: Path) -> None:
+    """Against the fake (whose deleted deployments never go away): --wait polls with growing pauses
+    and stops at --timeout, exit 1."""
+    fake = FakeGroup(1)
+    try:
+        cfg = tmp_path / "fake.yaml"
+        cfg.write_text(yaml.safe_dump({"apiVersion": "controlplane.io/v1", "kind": "Config", "contexts": [
+            {"name": "f", "endpoints": fake.addresses, "insecure": True, "token": ADMIN_TOKEN}]}))
+        sleeps: list[float] = []
+
+        def ctl(*args: str, stdin: str = "") -> tuple[int, str, str]:
+            out, err = io.StringIO(), io.StringIO()
+            code = run(["--config", str(cfg), *args], out=out, err=err, stdin=io.StringIO(stdin), sleep=sleeps.append)
+            return code, out.getvalue(), err.getvalue()
+
+        assert ctl("apply", "-f", "-", stdin=tenant("t") + "---\n" + deployment("d", "t"))[0] == 0
+        code, out, err = ctl("delete", "deployment", "t/d", "--wait", "--timeout", "3")
+        assert code == 1 and out.startswith("deployment/t/d deletion started (scaling to zero)")
+        assert "error: delete deployment/t/d: still there after the --timeout of 3 s" in err
+        assert sleeps[:4] == [0.1, 0.2, 0.4, 0.8] and max(sleeps) <= 2.0 and sum(sleeps) == pytest.approx(3.0)
+    finally:
+        fake.stop()
 
 
 # --------------------------------------------------------------------------------------------------

@@ -647,13 +647,12 @@ def cmd_delete(s: Session) -> int:
                 if not (s.args.ignore_not_found and kubectl.not_found(exc)):
                     report(s, exc, f"{where}delete {kind.lower()}/{name}", ctx, outcome)
                 continue
+            what = "deletion started (scaling to zero)" if kind == "Deployment" and not gone else "deleted"
+            s.out.write(f"{prefix}{kind.lower()}/{name} {what} (revision {reply.revision})\n")
             if gone is False:
                 s.warn(f"error: {where}delete {kind.lower()}/{name}: still there after the --timeout of "
                        f"{s.opt('timeout') or kubectl.WAIT_DEFAULT_S:g} s")
                 outcome.fail(EXIT_FAILED)
-                continue
-            what = "deletion started (scaling to zero)" if kind == "Deployment" and not gone else "deleted"
-            s.out.write(f"{prefix}{kind.lower()}/{name} {what} (revision {reply.revision})\n")
     return outcome.code
 
 
