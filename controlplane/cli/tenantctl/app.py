@@ -496,7 +496,7 @@ def _get_watch(s: Session, kind: str, ctx: cfgmod.Context | None) -> int:
                 continue
             row = render.row_of(kind, obj, wide, render.now_ms())
         if s.args.output in ("json", "yaml"):
-            render.dump(s.console, _as_data(kind, obj) if obj is not None else {"kind": kind, "name": name,
+            render.dump(s.console, _as_data(kind, obj, s.args.output) if obj is not None else {"kind": kind, "name": name,
                                                                                    "deleted": True}, s.args.output)
         elif s.args.output == "name":
             s.out.write(f"{kind.lower()}/{name}\n")
@@ -621,8 +621,8 @@ def cmd_apply(s: Session) -> int:
 def cmd_delete(s: Session) -> int:
     targets: list[tuple[str, str, int, str]] = []  # kind, name, version, where
     if s.args.filename:
-        if s.args.kind or s.args.name:
-            raise UsageError("delete: give either KIND NAME or -f FILE, not both")
+        if s.args.kind or s.args.name or s.args.selector:
+            raise UsageError("delete: give either KIND NAME (or KIND -l SELECTOR) or -f FILE, not both")
         for m in _sorted(load_manifests(s, s.args.filename), reverse=True):
             targets.append((m.kind, m.address, m.resource_version or s.args.resource_version, f"{m.where}: "))
     elif s.args.selector:
