@@ -288,6 +288,12 @@ elif mode == "fix-after-error":
     path.write_text(re.sub(r"priority: -?\d+", "priority: -1" if rounds == 0 else "priority: 7", text))
 elif mode == "always-bad":
     path.write_text(re.sub(r"priority: -?\d+", "priority: -1", text))
+elif mode == "stale":  # a version someone else moved past, then (told so) no version at all
+    if rounds == 0:
+        path.write_text(re.sub(r"resourceVersion: (\d+)", lambda m: f"resourceVersion: {int(m.group(1)) - 1}",
+                               re.sub(r"priority: \d+", "priority: 8", text)))
+    else:
+        path.write_text(re.sub(r"\n *resourceVersion: \d+", "", text))
 elif mode == "empty":
     path.write_text("")
 elif mode == "fail":
@@ -327,6 +333,11 @@ def test_edit_applies_cancels_and_reopens_on_error(g: RealCtl, tmp_path: Path, m
     assert len(seen) == 2 and seen[0].startswith("# Please edit") and "spec.priority" not in seen[0]
     assert "# edit:9: object 1 (Tenant/ed): spec.priority: input should be greater than or equal to 0" in seen[1]
     assert g.admin.tenants.GetTenant(api_pb2.GetRequest(name="ed"), timeout=10).spec.priority == 7
+    code, out, err, seen = edit(g, tmp_path, monkeypatch, "stale", "tenant", "ed")
+    assert (code, out) == (0, "tenant/ed edited\n"), err
+    assert len(seen) == 2 and "FAILED_PRECONDITION" in seen[1] and "resource_version" in seen[1]
+    assert g.admin.tenants.GetTenant(api_pb2.GetRequest(name="ed"), timeout=10).spec.priority == 8
+    ok(g, "apply", "-f", "-", stdin=tenant("ed", priority=7))
     code, _, err, seen = edit(g, tmp_path, monkeypatch, "always-bad", "tenant", "ed")
     assert code == 1 and "still invalid" in err and len(seen) == 2
     code, _, err, _ = edit(g, tmp_path, monkeypatch, "fail", "tenant", "ed")
