@@ -123,7 +123,7 @@ def build_parser(prog: str = "tenantctl") -> argparse.ArgumentParser:
     a.add_argument("--dry-run", action="store_true", help="validate the files only; send nothing")
     kubectl.add_file_options(a)
 
-    rm = add("delete", "delete objects (KIND NAME, or -f FILE)")
+    rm = add("delete", "delete objects (KIND NAME, KIND -l SELECTOR, or -f FILE|DIR)")
     rm.add_argument("kind", nargs="?")
     rm.add_argument("name", nargs="?", help=NAME_HELP)
     rm.add_argument("-f", "--filename", action="append", metavar="FILE")
