@@ -26,7 +26,7 @@ from controlplane.api.v1 import api_pb2
 from controlplane.cli.main import main as controlplane_main
 from controlplane.cli.tenantctl import run
 from controlplane.cli.tenantctl.jsonpath import JsonPathError, render
-from controlplane.cli.tenantctl.render import person_times, rfc3339
+from controlplane.cli.tenantctl.render import person_times, person_yaml, rfc3339
 from controlplane.cli.version import version
 from controlplane.domain.errors import ValidationError
 from controlplane.domain.labels import check_labels, parse_selector
@@ -516,6 +516,19 @@ def test_yaml_times_json_ms_and_the_round_trip(g: RealCtl) -> None:
         assert after["spec"] == before["spec"] and after["metadata"]["labels"] == before["metadata"]["labels"]
     status = yaml.safe_load(ok(g, "get", "deployment", "rt/svc", "-o", "yaml")).get("status", {})
     assert "decided_ms" not in status and ("decidedTime" not in status or RFC3339.fullmatch(status["decidedTime"]))
+    events = yaml.safe_load(ok(g, "events", "--deployment", "rt/svc", "-o", "yaml"))
+    assert events and all(RFC3339.fullmatch(e["time"]) and "at_ms" not in e for e in events)
+    assert all(isinstance(e["at_ms"], int) for e in json.loads(ok(g, "events", "--deployment", "rt/svc", "-o", "json")))
+    tokens = yaml.safe_load(ok(g, "token", "list", "-o", "yaml"))["items"]
+    assert tokens and all(RFC3339.fullmatch(t["createdTime"]) for t in tokens if "createdTime" in t)
+    assert all("created_ms" not in t for t in tokens)
+
+
+def test_person_yaml_leaves_durations_and_virtual_times() -> None:
+    data = {"at_ms": 1796160940691, "stable_window_ms": 30000, "items": [{"since_ms": 5000},
+                                                                        {"decided_ms": 1796160940000}]}
+    assert person_yaml(data) == {"time": "2026-12-01T21:35:40.691Z", "stable_window_ms": 30000,
+                                 "items": [{"since_ms": 5000}, {"decidedTime": "2026-12-01T21:35:40Z"}]}
 
 
 # --------------------------------------------------------------------------------------------------

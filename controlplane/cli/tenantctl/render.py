@@ -83,11 +83,35 @@ def column_widths(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list
     return [max([len(h), *(len(str(r[i])) for r in rows)]) for i, h in enumerate(headers)]
 
 
+INSTANT_KEYS = {"at_ms": "time", "decided_ms": "decidedTime", "since_ms": "sinceTime",
+                "last_transition_ms": "lastTransitionTime", "changed_ms": "changedTime", "created_ms": "createdTime",
+                "expires_ms": "expiresTime"}
+"""Fields holding a wall-clock instant in ms, and their RFC 3339 names in ``-o yaml`` (other ``_ms``
+fields are durations: ``stable_window_ms``, ``lease_remaining_ms``)."""
+
+
+def person_yaml(data: Any) -> Any:
+    """``data`` for ``-o yaml``: each wall-clock instant (an :data:`INSTANT_KEYS` field of 13 digits)
+    as RFC 3339 under its time name; a simulation's virtual times stay as they are."""
+    if isinstance(data, dict):
+        out = {}
+        for k, v in data.items():
+            if k in INSTANT_KEYS and type(v) is int and 10**12 <= v < 10**13:
+                out[INSTANT_KEYS[k]] = rfc3339(v)
+            else:
+                out[k] = person_yaml(v)
+        return out
+    if isinstance(data, list):
+        return [person_yaml(v) for v in data]
+    return data
+
+
 def dump(console: Console, data: Any, fmt: str) -> None:
     if fmt == "json":
         console.file.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
     else:
-        console.file.write(yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True))
+        console.file.write(yaml.safe_dump(person_yaml(data), sort_keys=False, default_flow_style=False,
+                                          allow_unicode=True))
     console.file.flush()
 
 

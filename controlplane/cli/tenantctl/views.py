@@ -14,24 +14,18 @@ from typing import Any
 
 from controlplane.api import manifests as mf
 from controlplane.cli.tenantctl import jsonpath
-from controlplane.cli.tenantctl.render import rfc3339
+from controlplane.cli.tenantctl.render import INSTANT_KEYS, person_yaml, rfc3339
 
-STATUS_TIMES = {"decided_ms": "decidedTime", "since_ms": "sinceTime", "last_transition_ms": "lastTransitionTime",
-                "changed_ms": "changedTime", "at_ms": "time"}
-"""Status fields holding a wall-clock time (ms) and their RFC 3339 names in ``-o yaml``; every other
-``_ms`` field is a duration and stays as it is (``spec.policy.stable_window_ms``)."""
+STATUS_TIMES = INSTANT_KEYS
+"""Fields holding a wall-clock time (ms) and their RFC 3339 names in ``-o yaml``; every other ``_ms``
+field is a duration and stays as it is (``spec.policy.stable_window_ms``)."""
 META_TIMES = (("createdMs", "creationTimestamp"), ("updatedMs", "updateTimestamp"))
 
 
 def object_data(kind: str, obj: Any, fmt: str = "json") -> dict[str, Any]:
     """An API object as ``-o <fmt>`` prints it (``fmt`` ``yaml``: for people; else for programs)."""
     if kind == "Token":
-        data = mf.plain(obj)
-        if fmt == "yaml":
-            for key in ("created_ms", "expires_ms"):
-                if key in data:
-                    data[key.removesuffix("_ms") + "Time"] = rfc3339(data.pop(key))
-        return data
+        return mf.plain(obj)  # -o yaml: render.person_yaml writes createdTime / expiresTime
     data = mf.envelope(kind, obj)
     meta = data["metadata"]
     labels = dict(sorted(obj.metadata.labels.items()))
@@ -44,18 +38,8 @@ def object_data(kind: str, obj: Any, fmt: str = "json") -> dict[str, Any]:
             else:
                 meta[time_key] = rfc3339(meta[ms_key])
     if fmt == "yaml" and "status" in data:
-        data["status"] = _person_times(data["status"])
+        data["status"] = person_yaml(data["status"])
     return data
-
-
-def _person_times(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {STATUS_TIMES.get(k, k) if k in STATUS_TIMES and isinstance(v, int) else k:
-                rfc3339(v) if k in STATUS_TIMES and isinstance(v, int) else _person_times(v)
-                for k, v in value.items()}
-    if isinstance(value, list):
-        return [_person_times(v) for v in value]
-    return value
 
 
 def sort_key_of(path: str) -> Any:
