@@ -29,6 +29,11 @@ Wire format: compact UTF-8 JSON, keys sorted, no whitespace, so equal values giv
 * Encoding checks the same things (and runs the domain validation of ``Tenant``, ``Deployment``...),
   so whatever :func:`encode` accepts, :func:`decode` rebuilds as an equal value.
 
+Fields added after version 2 shipped (``labels`` of tenants, deployments, clusters and zones;
+``ScalingPolicy.target_queue_p95_ms``; ``max_per_tenant``) are left out while they hold their zero
+(``{}``, 0) and read back as it when absent, so older journals and snapshots decode and every
+value without them encodes to the same bytes as before.
+
 Maps inside values (quotas, capacities) are written with sorted keys, so they come back in sorted
 order (dict equality ignores order). The state tables of a snapshot are lists, so their insertion
 order survives. Float fields are written as floats (``24`` becomes ``24.0``, ``-0.0`` becomes
@@ -279,8 +284,11 @@ class _Struct:
         self.name = cls.__name__
         self.names = frozenset(names)
         self.omit_zero = frozenset(omit_zero)
-        """Integer fields added later with default 0: left out when 0 (the bytes of every older
-        command stay the same) and read as 0 when absent (older journals stay readable)."""
+        """Fields added later: left out when they hold their zero (0 for a number, ``{}`` for a
+        map: the bytes of every older command stay the same) and read back as that zero when absent
+        (older journals stay readable)."""
+        defaults = {f.name: f for f in dataclasses.fields(cls)}
+        self.zeros = {name: _zero_of(defaults[name]) for name in omit_zero}
         self.encoders = tuple((name, enc) for name, enc, _ in table)
         self.decoders = tuple((name, dec) for name, _, dec in table)
         getter = attrgetter(*names)
@@ -296,7 +304,7 @@ class _Struct:
                 out[name] = enc(value)
             except _Bad as exc:
                 raise exc.at(name) from None
-            if name in self.omit_zero and out[name] == 0:
+            if name in self.omit_zero and out[name] == self.zeros[name]:
                 del out[name]
         if self.validate is not None:  # refuse what decode would refuse: no undecodable log entries
             try:
@@ -309,11 +317,11 @@ class _Struct:
         if type(raw) is not dict:
             raise _Bad(f"expected an object, got {_kind(raw)}")
         if raw.keys() != self.names and not (raw.keys() <= self.names and self.names - raw.keys() <= self.omit_zero):
-            raise _key_problem(raw, self.names)
+            raise _key_problem(raw, self.names, self.omit_zero)
         args = []
         for name, dec in self.decoders:
             try:
-                args.append(dec(raw[name]) if name in raw else 0)
+                args.append(dec(raw[name]) if name in raw else self.zeros[name])
             except _Bad as exc:
                 raise exc.at(name) from None
         try:
@@ -322,8 +330,19 @@ class _Struct:
             raise _from_validation(exc) from None
 
 
-def _key_problem(raw: dict[str, Any], names: frozenset[str] | tuple[str, ...]) -> _Bad:
-    missing = sorted(set(names) - raw.keys())
+def _zero_of(f: dataclasses.Field[Any]) -> Any:
+    """The zero an omitted field stands for: its default (0 or ``{}``; one shared empty dict is
+    safe, the values it goes into are frozen and never change their maps)."""
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    raise TypeError(f"raft/codec.py: omit_zero field {f.name!r} needs a default")
+
+
+def _key_problem(raw: dict[str, Any], names: frozenset[str] | tuple[str, ...],
+                 optional: frozenset[str] = frozenset()) -> _Bad:
+    missing = sorted(set(names) - raw.keys() - optional)
     if missing:
         return _Bad("missing", missing[0])
     extra = sorted(raw.keys() - set(names))
@@ -334,7 +353,21 @@ def _nested(struct: _Struct) -> tuple[Codec, Codec]:
     return struct.enc, struct.dec
 
 
+def _str_map(v: Any) -> dict[str, str]:
+    """``Mapping[str, str]`` (labels) in either direction; sorted keys by the JSON layer."""
+    if type(v) is not dict and not isinstance(v, Mapping):
+        raise _Bad(f"expected an object, got {_kind(v)}")
+    out = {}
+    for k, s in v.items():
+        try:
+            out[_str(k)] = _str(s)
+        except _Bad as exc:
+            raise exc.at(k if type(k) is str else repr(k)) from None
+    return out
+
+
 _INT, _BOOL, _FLOAT, _STR, _MAP = (_int, _int), (_bool, _bool), (_float, _float), (_str, _str), (_gpu_map, _gpu_map)
+_LABELS = (_str_map, _str_map)
 _ENGINE = _enum_codecs(Engine)
 _EVENT = _enum_codecs(InstanceEvent)
 _PHASE = _enum_codecs(BreakerPhase)
@@ -350,7 +383,8 @@ def _t(name: str, codecs: tuple[Codec, Codec]) -> tuple[str, Codec, Codec]:
 SLO = _Struct(Slo, _t("ttft_p99_ms", _INT), _t("max_queue_ms", _INT))
 TENANT = _Struct(
     Tenant, _t("id", _STR), _t("priority", _INT), _t("quota", _MAP), _t("borrow_limit", _MAP),
-    _t("slo", _nested(SLO)),
+    _t("slo", _nested(SLO)), _t("labels", _LABELS),
+    omit_zero=("labels",),  # labels came after COMMAND_VERSION 6: unlabelled objects keep their bytes
 )
 POLICY = _Struct(
     ScalingPolicy,
@@ -364,13 +398,15 @@ POLICY = _Struct(
 DEPLOYMENT = _Struct(
     Deployment, _t("id", _STR), _t("tenant", _STR), _t("engine", _ENGINE), _t("model", _STR), _t("pool", _STR),
     _t("gpus_per_instance", _INT), _t("min_replicas", _INT), _t("max_replicas", _INT), _t("warm_pool", _INT),
-    _t("policy", _nested(POLICY)), _t("created_ms", _INT), _t("deleting", _BOOL),
+    _t("policy", _nested(POLICY)), _t("created_ms", _INT), _t("deleting", _BOOL), _t("labels", _LABELS),
+    omit_zero=("labels",),
 )
 CLUSTER = _Struct(
     Cluster, _t("id", _STR), _t("zone", _STR), _t("region", _STR), _t("capacity", _MAP), _t("adapter_address", _STR),
-    _t("cordoned", _BOOL), _t("draining", _BOOL),
+    _t("cordoned", _BOOL), _t("draining", _BOOL), _t("labels", _LABELS), omit_zero=("labels",),
 )
-ZONE = _Struct(Zone, _t("id", _STR), _t("region", _STR), _t("cordoned", _BOOL), _t("draining", _BOOL))
+ZONE = _Struct(Zone, _t("id", _STR), _t("region", _STR), _t("cordoned", _BOOL), _t("draining", _BOOL),
+               _t("labels", _LABELS), omit_zero=("labels",))
 TOKEN = _Struct(
     TokenRecord, _t("id", _STR), _t("sha256", _STR), _t("role", _ROLE), _t("tenant", _STR), _t("created_ms", _INT),
     _t("expires_ms", _INT), _t("description", _STR),

@@ -15,6 +15,7 @@ counts) become messages. Pure functions, no I/O.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -30,6 +31,7 @@ from controlplane.core.scaling import ScaleReason, wake_fits
 from controlplane.domain.demand import BUCKET_MS, Forecast
 from controlplane.domain.errors import ValidationError
 from controlplane.domain.ids import id_problem, local_name
+from controlplane.domain.labels import labels_problem
 from controlplane.domain.records import ObjectMeta
 from controlplane.domain.state import ControlState
 from controlplane.domain.tenants import Deployment, Slo, Tenant
@@ -139,17 +141,29 @@ def tenant_from_proto(msg: api_pb2.Tenant) -> Tenant:
     if spec.HasField("slo"):
         data["slo"] = _set_fields(spec.slo)
     model = _validate(TenantSpec, data, _TENANT_FIELDS, "spec.")
+    labels = _labels(msg)
     try:
-        return tenant_of(model)
+        return dataclasses.replace(tenant_of(model), labels=labels)
     except ValidationError as exc:
         raise invalid(_domain_field(exc.field, _TENANT_FIELDS, "spec."), exc.problem) from None
 
 
-def meta_to_proto(name: str, meta: ObjectMeta | None) -> api_pb2.ObjectMeta:
+def meta_to_proto(name: str, meta: ObjectMeta | None, labels: Mapping[str, str] | None = None) -> api_pb2.ObjectMeta:
     if meta is None:
-        return api_pb2.ObjectMeta(name=name)
+        return api_pb2.ObjectMeta(name=name, labels=labels or {})
     return api_pb2.ObjectMeta(name=name, resource_version=meta.resource_version, created_ms=meta.created_ms,
-                              updated_ms=meta.updated_ms)
+                              updated_ms=meta.updated_ms, labels=labels or {})
+
+
+def _labels(msg: Any) -> dict[str, str]:
+    """The validated ``metadata.labels`` of an API object, sorted by key (``metadata.labels.<key>``
+    names a bad one: :mod:`controlplane.domain.labels` has the rules)."""
+    labels = dict(sorted(msg.metadata.labels.items()))
+    found = labels_problem(labels)
+    if found:
+        key, problem = found
+        raise invalid(f"metadata.labels.{key}" if key else "metadata.labels", problem)
+    return labels
 
 
 def meta_of(state: ControlState, kind: str, ident: str) -> ObjectMeta | None:
@@ -163,7 +177,7 @@ def tenant_to_proto(state: ControlState, t: Tenant) -> api_pb2.Tenant:
         if inst.tenant == t.id and inst.state.holds_gpus:
             in_use[inst.pool] += inst.gpus
     return api_pb2.Tenant(
-        metadata=meta_to_proto(t.id, meta_of(state, "tenant", t.id)),
+        metadata=meta_to_proto(t.id, meta_of(state, "tenant", t.id), t.labels),
         spec=api_pb2.TenantSpec(priority=t.priority, quota=dict(t.quota), borrow_limit=dict(t.borrow_limit),
                                 slo=api_pb2.Slo(ttft_p99_ms=t.slo.ttft_p99_ms, max_queue_ms=t.slo.max_queue_ms)),
         status=api_pb2.TenantStatus(deployments=deployments, gpus_in_use=dict(in_use)),
@@ -190,8 +204,9 @@ def deployment_from_proto(msg: api_pb2.Deployment) -> Deployment:
     if spec.HasField("policy"):
         data["policy"] = _set_fields(spec.policy)
     model = _validate(DeploymentBase, data, _DEPLOYMENT_FIELDS, "spec.")
+    labels = _labels(msg)
     try:
-        return deployment_of(model, "spec")
+        return dataclasses.replace(deployment_of(model, "spec"), labels=labels)
     except ValidationError as exc:
         raise invalid(_domain_field(exc.field, _DEPLOYMENT_FIELDS, "spec."), exc.problem) from None
 
@@ -224,7 +239,7 @@ def deployment_to_proto(state: ControlState, d: Deployment, *, instances: bool =
         status.reason = desired.reason
         status.decided_ms = desired.at_ms
     return api_pb2.Deployment(
-        metadata=meta_to_proto(local_name(d.id), meta_of(state, "deployment", d.id)),
+        metadata=meta_to_proto(local_name(d.id), meta_of(state, "deployment", d.id), d.labels),
         spec=api_pb2.DeploymentSpec(tenant=d.tenant, engine=d.engine.value, model=d.model, pool=d.pool,
                                     min_replicas=d.min_replicas, max_replicas=d.max_replicas,
                                     warm_pool=d.warm_pool, policy=policy),
@@ -259,10 +274,11 @@ def cluster_from_proto(msg: api_pb2.Cluster, existing: Cluster | None = None) ->
     for key in ("zone", "region", "adapter_address"):
         _text(data, key, getattr(msg.spec, key))
     m = _validate(ClusterSpecModel, data, _TOPOLOGY_FIELDS, "spec.")
+    labels = _labels(msg)
     try:
         return Cluster(m.id, m.zone, m.region, dict(m.capacity), m.adapter_address,
                        cordoned=existing.cordoned if existing else False,
-                       draining=existing.draining if existing else False)
+                       draining=existing.draining if existing else False, labels=labels)
     except ValidationError as exc:
         raise invalid(_domain_field(exc.field, _TOPOLOGY_FIELDS, "spec."), exc.problem) from None
 
@@ -272,9 +288,10 @@ def zone_from_proto(msg: api_pb2.Zone, existing: Zone | None = None) -> Zone:
     _text(data, "id", msg.metadata.name)
     _text(data, "region", msg.spec.region)
     m = _validate(ZoneSpecModel, data, _TOPOLOGY_FIELDS, "spec.")
+    labels = _labels(msg)
     try:
         return Zone(m.id, m.region, cordoned=existing.cordoned if existing else False,
-                    draining=existing.draining if existing else False)
+                    draining=existing.draining if existing else False, labels=labels)
     except ValidationError as exc:
         raise invalid(_domain_field(exc.field, _TOPOLOGY_FIELDS, "spec."), exc.problem) from None
 
@@ -307,7 +324,7 @@ def cluster_to_proto(state: ControlState, c: Cluster, facts: cond.ClusterFacts =
             if inst.state.holds_gpus:
                 in_use[inst.pool] += inst.gpus
     return api_pb2.Cluster(
-        metadata=meta_to_proto(c.id, meta_of(state, "cluster", c.id)),
+        metadata=meta_to_proto(c.id, meta_of(state, "cluster", c.id), c.labels),
         spec=api_pb2.ClusterSpec(zone=c.zone, region=c.region, capacity=dict(c.capacity),
                                  adapter_address=c.adapter_address),
         status=api_pb2.ClusterStatus(cordoned=c.cordoned, draining=c.draining, gpus_in_use=dict(in_use),
@@ -329,7 +346,7 @@ def zone_to_proto(state: ControlState, zone_id: str, facts: cond.ClusterFacts = 
             in_use[inst.pool] += inst.gpus
     region = z.region if z else next((state.clusters[c].region for c in clusters), "local")
     return api_pb2.Zone(
-        metadata=meta_to_proto(zone_id, meta_of(state, "zone", zone_id)),
+        metadata=meta_to_proto(zone_id, meta_of(state, "zone", zone_id), z.labels if z else None),
         spec=api_pb2.ZoneSpec(region=region),
         status=api_pb2.ZoneStatus(cordoned=bool(z and z.cordoned), draining=bool(z and z.draining),
                                   clusters=clusters, capacity=dict(capacity), gpus_in_use=dict(in_use),

@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from dataclasses import field as _field
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ from pydantic import BaseModel, ConfigDict
 from controlplane.api.v1 import api_pb2
 from controlplane.domain.errors import ValidationError
 from controlplane.domain.ids import id_problem
+from controlplane.domain.labels import labels_problem
 from controlplane.domain.topology import Cluster, Zone
 from controlplane.specs import (
     ClusterSpec,
@@ -60,7 +62,10 @@ KINDS = ("Zone", "Cluster", "Tenant", "Deployment")
 """Every kind, in the order ``apply`` sends them (a cluster names a zone, a deployment a tenant);
 ``delete -f`` goes in the reverse order."""
 ENVELOPE_FIELDS = frozenset({"apiVersion", "kind", "metadata", "spec", "status"})
-METADATA_FIELDS = frozenset({"name", "resourceVersion", "createdMs", "updatedMs"})
+METADATA_FIELDS = frozenset({"name", "labels", "resourceVersion", "createdMs", "updatedMs", "creationTimestamp",
+                             "updateTimestamp"})
+"""``createdMs``/``updatedMs`` (``-o json``) and ``creationTimestamp``/``updateTimestamp`` (``-o yaml``)
+are output-only: accepted and ignored."""
 MAX_PROBLEMS = 20
 MAX_MANIFEST_BYTES = 1 << 20
 """Largest manifest file (or stdin) read: 1 MiB holds thousands of objects (one is ~300 bytes)."""
@@ -93,6 +98,8 @@ class Manifest:
     index: int
     """1-based position of the object in its file."""
     line: int = 0
+    labels: Mapping[str, str] = _field(default_factory=dict)
+    """``metadata.labels`` (validated: :mod:`controlplane.domain.labels`); a write sets them as given."""
 
     @property
     def ref(self) -> str:
@@ -115,7 +122,8 @@ class Manifest:
         cls = getattr(api_pb2, self.kind)
         spec_cls = getattr(api_pb2, f"{self.kind}Spec")
         spec = json_format.ParseDict(self.spec, spec_cls())
-        return cls(metadata=api_pb2.ObjectMeta(name=self.name, resource_version=self.resource_version), spec=spec)
+        meta = api_pb2.ObjectMeta(name=self.name, resource_version=self.resource_version, labels=dict(self.labels))
+        return cls(metadata=meta, spec=spec)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -383,7 +391,7 @@ def parse_object(data: Any, source: str, index: int, node: yaml.Node | None = No
                 f"must be a mapping with name, got {type(meta).__name__}")
     else:
         for key in sorted(set(meta) - METADATA_FIELDS, key=str):
-            problem(["metadata", key], "unknown field (expected name, resourceVersion)")
+            problem(["metadata", key], "unknown field (expected name, labels, resourceVersion)")
         if name is None:
             problem(["metadata", "name"], "required")
         elif kind == "Deployment" and isinstance(name, str) and "/" in name:
@@ -401,6 +409,14 @@ def parse_object(data: Any, source: str, index: int, node: yaml.Node | None = No
         for key in ("createdMs", "updatedMs"):
             if key in meta and (isinstance(meta[key], bool) or not isinstance(meta[key], int)):
                 problem(["metadata", key], f"must be an integer, got {_short(meta[key])}")
+        for key in ("creationTimestamp", "updateTimestamp"):
+            if key in meta and not isinstance(meta[key], str):
+                problem(["metadata", key], f"must be an RFC 3339 time (it is ignored), got {_short(meta[key])}")
+        labels = meta.get("labels") or {}
+        found = labels_problem(labels)
+        if found:
+            key, why = found
+            problem(["metadata", "labels", *([key] if key else [])], why)
     spec = data.get("spec")
     if spec is None and kind == "Zone":
         spec = {}
@@ -417,8 +433,10 @@ def parse_object(data: Any, source: str, index: int, node: yaml.Node | None = No
     if problems:
         raise ManifestError(problems)
     assert isinstance(kind, str) and isinstance(name, str) and isinstance(spec, dict)
+    assert isinstance(meta, dict)
+    labels = dict(sorted((meta.get("labels") or {}).items()))
     return Manifest(kind, name, resource_version, _spec_values(kind, name, spec), source, index,
-                    _line_of(node, []))
+                    _line_of(node, []), labels)
 
 
 _MODELS: dict[str, type[BaseModel]] = {

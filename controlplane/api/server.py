@@ -72,6 +72,7 @@ from controlplane.api.auth import (
     same_shape_handler,
 )
 from controlplane.api.channel import channel_options
+from controlplane.api.selection import selected
 from controlplane.api.v1 import admin_pb2, admin_pb2_grpc, api_pb2, api_pb2_grpc
 from controlplane.config import CoordinatorConfig
 from controlplane.domain import commands as c
@@ -560,7 +561,7 @@ class TenantsServicer(api_pb2_grpc.TenantsServicer):
         p = self.core.auth.principal(context)
         state, info = self.core.read(context, request.read)
         items = [cv.tenant_to_proto(state, state.tenants[k]) for k in sorted(state.tenants) if p.sees_tenant(k)]
-        return api_pb2.TenantList(items=items, read=info)
+        return api_pb2.TenantList(items=selected(request, items), read=info)
 
     @_guarded
     def UpdateTenant(self, request: api_pb2.UpdateTenantRequest, context: grpc.ServicerContext) -> api_pb2.Tenant:
@@ -667,7 +668,7 @@ class DeploymentsServicer(api_pb2_grpc.DeploymentsServicer):
             for d in sorted(state.deployments.values(), key=lambda d: (d.tenant, local_name(d.id)))
             if p.sees_tenant(d.tenant) and (not request.tenant or d.tenant == request.tenant)
         ]
-        return api_pb2.DeploymentList(items=items, read=info)
+        return api_pb2.DeploymentList(items=selected(request, items), read=info)
 
     @_guarded
     def DeleteDeployment(self, request: api_pb2.DeleteRequest, context: grpc.ServicerContext) -> api_pb2.DeleteResponse:
@@ -750,8 +751,8 @@ class ClustersServicer(api_pb2_grpc.ClustersServicer):
         self._admin(context)
         state, info = self.core.read(context, request.read)
         facts = self._facts(context)
-        return api_pb2.ClusterList(items=[cv.cluster_to_proto(state, state.clusters[k], facts) for k in sorted(state.clusters)],
-                                   read=info)
+        return api_pb2.ClusterList(items=selected(request, [cv.cluster_to_proto(state, state.clusters[k], facts)
+                                                            for k in sorted(state.clusters)]), read=info)
 
     @_guarded
     def DeleteCluster(self, request: api_pb2.DeleteRequest, context: grpc.ServicerContext) -> api_pb2.DeleteResponse:
@@ -827,7 +828,8 @@ class ClustersServicer(api_pb2_grpc.ClustersServicer):
         self._admin(context)
         state, info = self.core.read(context, request.read)
         facts = self._facts(context)
-        return api_pb2.ZoneList(items=[cv.zone_to_proto(state, z, facts) for z in cv.zones_of(state)], read=info)
+        return api_pb2.ZoneList(items=selected(request, [cv.zone_to_proto(state, z, facts) for z in cv.zones_of(state)]),
+                                read=info)
 
     @_guarded
     def DeleteZone(self, request: api_pb2.DeleteRequest, context: grpc.ServicerContext) -> api_pb2.DeleteResponse:

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from contextlib import ExitStack
 
+from controlplane.cli.version import version_line
 from controlplane.domain.errors import ControlPlaneError
 from controlplane.domain.profiles import PROFILES
 
@@ -20,6 +21,8 @@ EXIT_USAGE = 2
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="controlplane", description="Scaling control plane for LLM inference fleets.")
+    p.add_argument("--version", action="version", version=version_line("controlplane"),
+                   help="print controlplane's version and exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     sim = sub.add_parser("simulate", help="replay a scenario or a request trace in virtual time")

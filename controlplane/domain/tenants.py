@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from controlplane.domain.engines import Engine  # noqa: F401 - re-exported: Engine has always been imported from here
 from controlplane.domain.errors import ValidationError, clip
 from controlplane.domain.ids import DeploymentId, PoolId, TenantId, deployment_id_problem, id_problem, split_deployment_id
+from controlplane.domain.labels import check_labels
 
 MAX_PRIORITY = 1_000_000
 HOUR_MS = 3_600_000
@@ -75,9 +76,12 @@ class Tenant:
     borrow_limit: Mapping[PoolId, int] = field(default_factory=dict)
     """GPUs the tenant may hold beyond its quota when they are idle (reclaimable at any time)."""
     slo: Slo = field(default_factory=Slo)
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """``metadata.labels`` (:mod:`controlplane.domain.labels`); not part of any decision."""
 
     def __post_init__(self) -> None:
         check_id("tenant.id", self.id)
+        check_labels("tenant.labels", self.labels)
         check_int("tenant.priority", self.priority, 0, MAX_PRIORITY)
         check_gpu_map("tenant.quota", self.quota)
         check_gpu_map("tenant.borrow_limit", self.borrow_limit)
@@ -189,6 +193,8 @@ class Deployment:
     deleting: bool = False
     """Deletion requested: the planner scales it to zero (no warm pool), and the lease holder removes
     it once no instance is left (like a Kubernetes finalizer)."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """``metadata.labels`` (:mod:`controlplane.domain.labels`); not part of any decision."""
 
     def __post_init__(self) -> None:
         problem = deployment_id_problem(self.id)
@@ -215,3 +221,4 @@ class Deployment:
         check_int("deployment.warm_pool", self.warm_pool, 0, 1_000)
         if not isinstance(self.deleting, bool):
             raise ValidationError("deployment.deleting", "must be true or false")
+        check_labels("deployment.labels", self.labels)

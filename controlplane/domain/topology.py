@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from controlplane.domain.errors import ValidationError
 from controlplane.domain.ids import ClusterId, PoolId, ZoneId
+from controlplane.domain.labels import check_labels
 from controlplane.domain.tenants import check_gpu_map, check_id
 
 
@@ -23,6 +24,8 @@ class Cluster:
     """No new instances are placed here (existing ones keep serving)."""
     draining: bool = False
     """Cordoned, and its instances are replaced elsewhere, then drained (see ``core/reconcile``)."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """``metadata.labels`` (:mod:`controlplane.domain.labels`)."""
 
     def __post_init__(self) -> None:
         check_id("cluster.id", self.id)
@@ -34,6 +37,7 @@ class Cluster:
         for name in ("cordoned", "draining"):
             if not isinstance(getattr(self, name), bool):
                 raise ValidationError(f"cluster.{name}", "must be true or false")
+        check_labels("cluster.labels", self.labels)
 
     @property
     def schedulable(self) -> bool:
@@ -49,6 +53,8 @@ class Zone:
     region: str = "local"
     cordoned: bool = False
     draining: bool = False
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """``metadata.labels`` (:mod:`controlplane.domain.labels`)."""
 
     def __post_init__(self) -> None:
         check_id("zone.id", self.id)
@@ -56,6 +62,7 @@ class Zone:
         for name in ("cordoned", "draining"):
             if not isinstance(getattr(self, name), bool):
                 raise ValidationError(f"zone.{name}", "must be true or false")
+        check_labels("zone.labels", self.labels)
 
     @property
     def schedulable(self) -> bool:

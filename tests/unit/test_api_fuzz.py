@@ -306,8 +306,8 @@ def names_a_field(request: Message, path: str) -> bool:
 def check_isolation(method: str, out: Outcome) -> None:
     """What a tenant principal gets back is its own tenant's."""
     reply = out.reply
-    if method == "ListTenants":
-        assert [t.metadata.name for t in reply.items] == [MINE]
+    if method == "ListTenants":  # [MINE], or [] when a random label_selector leaves it out
+        assert [t.metadata.name for t in reply.items] in ([MINE], [])
     elif method == "GetTenant":
         assert reply.metadata.name == MINE
     elif method == "ListDeployments":

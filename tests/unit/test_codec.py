@@ -68,6 +68,11 @@ int64 = st.integers(INT_MIN, INT_MAX)
 naturals = st.integers(0, INT_MAX)
 texts = st.text(max_size=30)  # any Unicode except surrogates: JSON escapes, non-ASCII, quotes
 gpu_maps = st.dictionaries(ids, naturals, max_size=3)
+label_names = st.from_regex(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,20}[A-Za-z0-9])?", fullmatch=True)
+label_maps = st.one_of(st.just({}), st.dictionaries(
+    st.one_of(label_names, st.builds(lambda p, n: f"{p}.io/{n}", ids, label_names)),
+    st.one_of(st.just(""), label_names), max_size=3))
+"""Empty half the time: the encoding leaves an empty map out."""
 
 
 def floats(lo: float, hi: float) -> st.SearchStrategy[float]:
@@ -78,7 +83,7 @@ def floats(lo: float, hi: float) -> st.SearchStrategy[float]:
 
 
 slos = st.builds(Slo, st.integers(1, HOUR_MS), st.integers(1, HOUR_MS))
-tenants = st.builds(Tenant, ids, st.integers(0, MAX_PRIORITY), gpu_maps, gpu_maps, slos)
+tenants = st.builds(Tenant, ids, st.integers(0, MAX_PRIORITY), gpu_maps, gpu_maps, slos, label_maps)
 
 
 @st.composite
@@ -110,7 +115,7 @@ def deployments(draw: st.DrawFn) -> Deployment:
         model=draw(st.text(min_size=1, max_size=30)),
         pool=draw(ids), gpus_per_instance=draw(st.integers(1, 64)), min_replicas=draw(st.integers(0, mx)),
         max_replicas=mx, warm_pool=draw(st.integers(0, 1_000)), policy=draw(policies()), created_ms=draw(int64),
-        deleting=draw(st.booleans()),
+        deleting=draw(st.booleans()), labels=draw(label_maps),
     )
 
 
@@ -128,8 +133,8 @@ def token_records(draw: st.DrawFn) -> TokenRecord:
     )
 
 
-clusters = st.builds(Cluster, ids, ids, ids, gpu_maps, texts, st.booleans(), st.booleans())
-zones = st.builds(Zone, ids, ids, st.booleans(), st.booleans())
+clusters = st.builds(Cluster, ids, ids, ids, gpu_maps, texts, st.booleans(), st.booleans(), label_maps)
+zones = st.builds(Zone, ids, ids, st.booleans(), st.booleans(), label_maps)
 metas = st.builds(ObjectMeta, int64, int64, int64)
 breakers = st.builds(BreakerRecord, st.sampled_from(BreakerPhase), int64, int64, int64, st.booleans(), int64)
 model_caches = st.builds(
@@ -1011,3 +1016,48 @@ def test_snapshot_written_before_the_demand_table_reads_as_empty_history() -> No
     restored, _ = decode_state(old)
     assert restored.demand == {}
     assert snapshot(restored) == {**snapshot(built_state()), "demand": {}}
+
+
+# --- labels (added after COMMAND_VERSION 6): omitted when empty ------------------------------------
+
+
+def test_objects_without_labels_keep_their_bytes_and_labels_are_written_sorted() -> None:
+    plain = Zone(ZoneId("z1"), cordoned=True)
+    assert encode(c.PutZone(plain, 7, 99)) == (  # the bytes pinned before labels existed
+        b'{"f":{"at_ms":99,"expect_version":7,"zone":{"cordoned":true,"draining":false,"id":"z1",'
+        b'"region":"local"}},"k":"put_zone","v":2}'
+    )
+    labelled = Zone(ZoneId("z1"), cordoned=True, labels={"tier": "gold", "example.com/team": ""})
+    assert encode(c.PutZone(labelled, 7, 99)) == (
+        b'{"f":{"at_ms":99,"expect_version":7,"zone":{"cordoned":true,"draining":false,"id":"z1",'
+        b'"labels":{"example.com/team":"","tier":"gold"},"region":"local"}},"k":"put_zone","v":2}'
+    )
+    assert roundtrip(c.PutZone(labelled, 7, 99)).zone.labels == {"tier": "gold", "example.com/team": ""}
+    tenant = Tenant(TenantId("acme"), 10, {"h100": 4}, {}, Slo())
+    assert b"labels" not in encode(c.PutTenant(tenant))
+    assert roundtrip(c.PutTenant(dataclasses.replace(tenant, labels={"team": "search"}))).tenant.labels == {
+        "team": "search"}
+    cl = Cluster(ClusterId("c1"), ZoneId("z1"), labels={"gpu": "h100"})
+    assert roundtrip(c.PutCluster(cl)).cluster.labels == {"gpu": "h100"}
+
+
+def test_an_older_payload_without_labels_reads_as_no_labels() -> None:
+    payload = dict(PUT_TENANT)
+    assert "labels" not in payload["f"]["tenant"]
+    back = decode(dumps(payload))
+    assert back.tenant.labels == {}
+    assert encode(back) == dumps(payload)
+
+
+@pytest.mark.parametrize(("labels", "path", "problem"), [
+    ({"team": 5}, "put_tenant.tenant.labels.team", "expected a string, got an integer"),
+    ([], "put_tenant.tenant.labels", "expected an object, got a list"),
+    ({"-bad": "x"}, "put_tenant.tenant.labels.-bad", "is not valid"),
+    ({"team": "a b"}, "put_tenant.tenant.labels.team", "a label value 'a b' is not valid"),
+])
+def test_decode_rejects_bad_labels(labels: Any, path: str, problem: str) -> None:
+    payload = json.loads(json.dumps(PUT_TENANT))
+    payload["f"]["tenant"]["labels"] = labels
+    with pytest.raises(CodecError) as info:
+        decode(dumps(payload))
+    assert info.value.path == path and problem in info.value.problem

@@ -291,7 +291,7 @@ def test_describe_explain_dry_run(ctl, group, tmp_path) -> None:
     ctl("apply", "-f", str(f))
     rc, out, _ = ctl("describe", "deployment", "chat")
     assert rc == 0
-    assert "Name:" in out and "Instances:" in out and "i-1" in out and "Recent decisions:" in out
+    assert "Name:" in out and "Instances:" in out and "i-1" in out and "Decisions:" in out
     rc, out, _ = ctl("explain", "chat")
     assert rc == 0 and "scale_up" in out and "concurrency" in out and "Live evaluation" in out
     rc, out, _ = ctl("explain", "chat", "-o", "json")

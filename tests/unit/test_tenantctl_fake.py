@@ -18,6 +18,8 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from controlplane.api.v1 import admin_pb2, admin_pb2_grpc, api_pb2, api_pb2_grpc
+from controlplane.domain.errors import ValidationError
+from controlplane.domain.labels import parse_selector
 
 ADMIN_TOKEN = "cp_aaaaaaaaaaaa_" + "A" * 43
 TENANT_TOKEN = "cp_bbbbbbbbbbbb_" + "B" * 43
@@ -106,10 +108,22 @@ class FakeGroup:
         return e
 
 
-def _meta(name: str, store: Store, old: api_pb2.ObjectMeta | None = None) -> api_pb2.ObjectMeta:
+def _meta(name: str, store: Store, old: api_pb2.ObjectMeta | None = None, sent: api_pb2.ObjectMeta | None = None
+          ) -> api_pb2.ObjectMeta:
+    """What the server stamps on a write; the labels are the ones ``sent`` (as the real server)."""
     rev = store.bump()
     created = old.created_ms if old is not None else 1_700_000_000_000
-    return api_pb2.ObjectMeta(name=name, resource_version=rev, created_ms=created, updated_ms=created + rev)
+    return api_pb2.ObjectMeta(name=name, resource_version=rev, created_ms=created, updated_ms=created + rev,
+                              labels=dict(sent.labels) if sent is not None else {})
+
+
+def _select(request, items, context):  # type: ignore[no-untyped-def]
+    """``ListRequest.label_selector`` as the real server evaluates it (domain/labels.py)."""
+    try:
+        selector = parse_selector(request.label_selector)
+    except ValidationError as exc:
+        _bad_request(context, "label_selector", exc.problem)
+    return [i for i in items if selector.matches(i.metadata.labels)]
 
 
 def _bad_request(context: grpc.ServicerContext, field_name: str, description: str) -> None:
@@ -145,7 +159,7 @@ class _Tenants(_Base, api_pb2_grpc.TenantsServicer):
         with self.store.lock:
             if t.metadata.name in self.store.tenants:
                 context.abort(grpc.StatusCode.ALREADY_EXISTS, f"tenant {t.metadata.name!r} already exists")
-            obj = api_pb2.Tenant(metadata=_meta(t.metadata.name, self.store), spec=t.spec)
+            obj = api_pb2.Tenant(metadata=_meta(t.metadata.name, self.store, sent=t.metadata), spec=t.spec)
             self.store.tenants[t.metadata.name] = obj
             return obj
 
@@ -157,7 +171,7 @@ class _Tenants(_Base, api_pb2_grpc.TenantsServicer):
             if old is None:
                 context.abort(grpc.StatusCode.NOT_FOUND, f"tenant {t.metadata.name!r} not found")
             _check_version(context, old, t.metadata.resource_version)
-            obj = api_pb2.Tenant(metadata=_meta(t.metadata.name, self.store, old.metadata), spec=t.spec)
+            obj = api_pb2.Tenant(metadata=_meta(t.metadata.name, self.store, old.metadata, t.metadata), spec=t.spec)
             self.store.tenants[t.metadata.name] = obj
             return obj
 
@@ -171,7 +185,8 @@ class _Tenants(_Base, api_pb2_grpc.TenantsServicer):
     def ListTenants(self, request, context):
         self.ep.enter("ListTenants", context)
         context.set_trailing_metadata((("applied-index", str(self.store.revision)),))
-        return api_pb2.TenantList(items=sorted(self.store.tenants.values(), key=lambda t: t.metadata.name),
+        return api_pb2.TenantList(items=_select(request, sorted(self.store.tenants.values(), key=lambda t: t.metadata.name),
+                                                context),
                                   read=api_pb2.ReadInfo(applied_index=self.store.revision, revision=self.store.revision, served_by=self.ep.node_id))
 
     def DeleteTenant(self, request, context):
@@ -209,7 +224,7 @@ class _Deployments(_Base, api_pb2_grpc.DeploymentsServicer):
                                               replicas_by_state={"ready": 1, "standby": 1}, gpus_per_instance=1,
                                               instances=[api_pb2.InstanceInfo(id="i-1", state="ready", cluster="c1",
                                                                               zone="z1", init_method="cold")])
-            obj = api_pb2.Deployment(metadata=_meta(d.metadata.name, self.store, old.metadata if old else None),
+            obj = api_pb2.Deployment(metadata=_meta(d.metadata.name, self.store, old.metadata if old else None, d.metadata),
                                      spec=d.spec, status=status)
             self.store.deployments[d.metadata.name] = obj
             return obj
@@ -224,7 +239,7 @@ class _Deployments(_Base, api_pb2_grpc.DeploymentsServicer):
     def ListDeployments(self, request, context):
         self.ep.enter("ListDeployments", context)
         items = [d for d in self.store.deployments.values() if not request.tenant or d.spec.tenant == request.tenant]
-        return api_pb2.DeploymentList(items=items, read=api_pb2.ReadInfo(applied_index=self.store.revision, revision=self.store.revision))
+        return api_pb2.DeploymentList(items=_select(request, items, context), read=api_pb2.ReadInfo(applied_index=self.store.revision, revision=self.store.revision))
 
     def DeleteDeployment(self, request, context):
         self.ep.enter("DeleteDeployment", context, write=True)
@@ -243,7 +258,8 @@ class _Clusters(_Base, api_pb2_grpc.ClustersServicer):
         c = request.cluster
         with self.store.lock:
             old = self.store.clusters.get(c.metadata.name)
-            obj = api_pb2.Cluster(metadata=_meta(c.metadata.name, self.store, old.metadata if old else None), spec=c.spec,
+            obj = api_pb2.Cluster(metadata=_meta(c.metadata.name, self.store, old.metadata if old else None, c.metadata),
+                                  spec=c.spec,
                                   status=old.status if old else api_pb2.ClusterStatus(schedulable=True))
             self.store.clusters[c.metadata.name] = obj
             return obj
@@ -257,7 +273,7 @@ class _Clusters(_Base, api_pb2_grpc.ClustersServicer):
 
     def ListClusters(self, request, context):
         self.ep.enter("ListClusters", context)
-        return api_pb2.ClusterList(items=list(self.store.clusters.values()))
+        return api_pb2.ClusterList(items=_select(request, list(self.store.clusters.values()), context))
 
     def DeleteCluster(self, request, context):
         self.ep.enter("DeleteCluster", context, write=True)
@@ -284,7 +300,7 @@ class _Clusters(_Base, api_pb2_grpc.ClustersServicer):
     def RegisterZone(self, request, context):
         self.ep.enter("RegisterZone", context, write=True)
         z = request.zone
-        obj = api_pb2.Zone(metadata=_meta(z.metadata.name, self.store), spec=z.spec,
+        obj = api_pb2.Zone(metadata=_meta(z.metadata.name, self.store, sent=z.metadata), spec=z.spec,
                            status=api_pb2.ZoneStatus(registered=True))
         self.store.zones[z.metadata.name] = obj
         return obj
@@ -298,7 +314,7 @@ class _Clusters(_Base, api_pb2_grpc.ClustersServicer):
 
     def ListZones(self, request, context):
         self.ep.enter("ListZones", context)
-        return api_pb2.ZoneList(items=list(self.store.zones.values()))
+        return api_pb2.ZoneList(items=_select(request, list(self.store.zones.values()), context))
 
     def DeleteZone(self, request, context):
         self.ep.enter("DeleteZone", context, write=True)

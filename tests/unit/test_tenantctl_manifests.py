@@ -74,7 +74,9 @@ def test_json_object_list_and_kind_list() -> None:
      "object 2 (Deployment/team-a/chat): metadata.name: 'team-a/chat' is qualified: metadata.name is the name within"),
     (GOOD.replace("apiVersion: controlplane.io/v1\nkind: Tenant", "apiVersion: v1\nkind: Tenant"), "apiVersion: must be 'controlplane.io/v1'"),
     (GOOD.replace("spec:\n  priority: 100", "spec:\n  quota: {h100: 2}"), "object 1 (Tenant/team-a): spec.priority: required"),
-    (GOOD.replace("metadata:\n  name: team-a", "metadata:\n  name: team-a\n  labels: {}"), "metadata.labels: unknown field"),
+    (GOOD.replace("metadata:\n  name: team-a", "metadata:\n  name: team-a\n  annotations: {}"), "metadata.annotations: unknown field"),
+    (GOOD.replace("metadata:\n  name: team-a", "metadata:\n  name: team-a\n  labels: {team: a b}"),
+     "f.yaml:5: object 1 (Tenant/team-a): metadata.labels.team: a label value 'a b' is not valid"),
     ("- 1\n- 2\n", "f.yaml:1: object 1: must be a mapping"),
 ])
 def test_every_problem_names_file_object_and_field(text: str, expected: str) -> None:

@@ -7,16 +7,25 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ObjectMeta(_message.Message):
-    __slots__ = ("name", "resource_version", "created_ms", "updated_ms")
+    __slots__ = ("name", "resource_version", "created_ms", "updated_ms", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     NAME_FIELD_NUMBER: _ClassVar[int]
     RESOURCE_VERSION_FIELD_NUMBER: _ClassVar[int]
     CREATED_MS_FIELD_NUMBER: _ClassVar[int]
     UPDATED_MS_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
     name: str
     resource_version: int
     created_ms: int
     updated_ms: int
-    def __init__(self, name: _Optional[str] = ..., resource_version: _Optional[int] = ..., created_ms: _Optional[int] = ..., updated_ms: _Optional[int] = ...) -> None: ...
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, name: _Optional[str] = ..., resource_version: _Optional[int] = ..., created_ms: _Optional[int] = ..., updated_ms: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Condition(_message.Message):
     __slots__ = ("type", "status", "reason", "message", "last_transition_ms")
@@ -59,12 +68,14 @@ class GetRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., read: _Optional[_Union[ReadOptions, _Mapping]] = ...) -> None: ...
 
 class ListRequest(_message.Message):
-    __slots__ = ("read", "tenant")
+    __slots__ = ("read", "tenant", "label_selector")
     READ_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
+    LABEL_SELECTOR_FIELD_NUMBER: _ClassVar[int]
     read: ReadOptions
     tenant: str
-    def __init__(self, read: _Optional[_Union[ReadOptions, _Mapping]] = ..., tenant: _Optional[str] = ...) -> None: ...
+    label_selector: str
+    def __init__(self, read: _Optional[_Union[ReadOptions, _Mapping]] = ..., tenant: _Optional[str] = ..., label_selector: _Optional[str] = ...) -> None: ...
 
 class DeleteRequest(_message.Message):
     __slots__ = ("name", "resource_version")

@@ -22,7 +22,7 @@ from controlplane.api.client import ApiClient, ApiError, Notice, Unreachable
 from controlplane.api.v1 import admin_pb2, api_pb2
 from controlplane.cli.tenantctl import conditions
 from controlplane.cli.tenantctl import config as cfgmod
-from controlplane.cli.tenantctl import render
+from controlplane.cli.tenantctl import describe, kubectl, render, views
 from controlplane.config import ConfigError, address_problem
 from controlplane.domain.errors import ControlPlaneError
 
@@ -98,6 +98,7 @@ def build_parser(prog: str = "tenantctl") -> argparse.ArgumentParser:
         prog=prog, parents=[common], description="Manage tenants, deployments, clusters and zones of the control plane.",
         epilog="Exit codes: 0 ok, 1 request or file refused, 2 usage or configuration error, "
                "3 no endpoint answered, 130 interrupted. See docs/tenantctl.md.")
+    p.add_argument("--version", action="store_true", help="print tenantctl's version and exit")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     def add(name: str, help_text: str, **kw: Any) -> argparse.ArgumentParser:
@@ -106,7 +107,9 @@ def build_parser(prog: str = "tenantctl") -> argparse.ArgumentParser:
     g = add("get", "list objects, or show one (-w: keep watching)")
     g.add_argument("kind", help="tenants, deployments, clusters, zones or tokens")
     g.add_argument("name", nargs="?", help=NAME_HELP)
-    _output(g, render.FORMATS)
+    g.add_argument("-o", "--output", type=kubectl.output_format, default="table", metavar="FORMAT",
+                   help="table (default), wide, json, yaml, name, jsonpath=TEMPLATE or custom-columns=SPEC")
+    kubectl.add_get_options(g)
     g.add_argument("-w", "--watch", action="store_true", help="after listing, print changes as they happen")
     g.add_argument("--tenant", default="", help="deployments/tokens: only this tenant's")
     g.add_argument("--linearizable", action="store_true", help="read through the leader (see every acknowledged write)")
@@ -116,14 +119,18 @@ def build_parser(prog: str = "tenantctl") -> argparse.ArgumentParser:
     d.add_argument("name", help=NAME_HELP)
 
     a = add("apply", "create or update the objects in files (YAML or JSON)")
-    a.add_argument("-f", "--filename", action="append", required=True, metavar="FILE", help="file, or - for stdin (repeatable)")
+    a.add_argument("-f", "--filename", action="append", required=True, metavar="FILE",
+                   help="file, directory (its *.yaml, *.yml, *.json) or - for stdin (repeatable)")
     a.add_argument("--dry-run", action="store_true", help="validate the files only; send nothing")
+    kubectl.add_file_options(a)
 
-    rm = add("delete", "delete objects (KIND NAME, or -f FILE)")
+    rm = add("delete", "delete objects (KIND NAME, KIND -l SELECTOR, or -f FILE|DIR)")
     rm.add_argument("kind", nargs="?")
     rm.add_argument("name", nargs="?", help=NAME_HELP)
     rm.add_argument("-f", "--filename", action="append", metavar="FILE")
     rm.add_argument("--resource-version", type=int, default=0, help="delete only at this version")
+    rm.add_argument("--tenant", default="", help="deployments with -l: only this tenant's")
+    kubectl.add_delete_options(rm)
 
     e = add("explain", "why a deployment has the replicas it has: live evaluation and decision history")
     e.add_argument("deployment", help="its name; admins: TENANT/NAME")
@@ -158,9 +165,12 @@ def build_parser(prog: str = "tenantctl") -> argparse.ArgumentParser:
 
     dr = add("dry-run", "what applying deployment files would change (nothing is written)")
     dr.add_argument("-f", "--filename", action="append", required=True, metavar="FILE")
+    kubectl.add_file_options(dr)
     _output(dr, ("table", "json", "yaml"))
 
-    cf = add("config", "the configuration file: view, use-context, get-contexts")
+    kubectl.add_commands(add, common, NAME_HELP)
+
+    cf = add("config", "the configuration file: view, use-context, get-contexts, current-context, set-context")
     cfsub = cf.add_subparsers(dest="op", metavar="OP", required=True)
     v = cfsub.add_parser("view", help="print the configuration (tokens redacted)", parents=[common])
     v.add_argument("--raw", action="store_true", help="show tokens")
@@ -168,6 +178,7 @@ def build_parser(prog: str = "tenantctl") -> argparse.ArgumentParser:
     u.add_argument("name")
     gc = cfsub.add_parser("get-contexts", help="list the contexts", parents=[common])
     gc.add_argument("-o", "--output", choices=("table", "name"), default="table")
+    kubectl.add_config_commands(cfsub, common)
 
     comp = add("completion", "print a shell completion script")
     comp.add_argument("shell", choices=("bash", "zsh"))
@@ -376,16 +387,15 @@ def _fetch(s: Session, client: ApiClient, kind: str, name: str | None) -> list[A
         if kind == "Deployment" and "/" not in name and s.opt("tenant"):
             name = f"{s.opt('tenant')}/{name}"  # deployment names are per tenant (get --tenant T NAME)
         return [client.call(service, get, api_pb2.GetRequest(name=name, read=read))]
-    req = api_pb2.ListRequest(read=read, tenant=(s.opt("tenant") or "") if kind == "Deployment" else "")
+    req = api_pb2.ListRequest(read=read, tenant=(s.opt("tenant") or "") if kind == "Deployment" else "",
+                              label_selector=kubectl.selector_of(s, kind))
     reply = client.call(service, lst, req)
     s.listed_at = reply.read.revision  # type: ignore[attr-defined]  # event revision, not the Raft index
     return list(reply.items)
 
 
-def _as_data(kind: str, obj: Any) -> dict[str, Any]:
-    if kind == "Token":
-        return mf.plain(obj)
-    return mf.envelope(kind, obj)
+def _as_data(kind: str, obj: Any, fmt: str = "json") -> dict[str, Any]:
+    return views.object_data(kind, obj, fmt)
 
 
 def cmd_get(s: Session) -> int:
@@ -398,6 +408,7 @@ def cmd_get(s: Session) -> int:
             results.append((ctx, _fetch(s, client, kind, s.args.name)))
         except (ApiError, Unreachable) as exc:
             report(s, exc, f"get {kind.lower()}{' ' + s.args.name if s.args.name else 's'}", ctx, outcome)
+    results = kubectl.sort_results(s, kind, results)
     print_objects(s, kind, results, fmt)
     if s.args.watch and outcome.code == EXIT_OK:
         if s.multi:
@@ -409,15 +420,18 @@ def cmd_get(s: Session) -> int:
 
 
 def print_objects(s: Session, kind: str, results: list[tuple[cfgmod.Context, list[Any]]], fmt: str) -> None:
+    if fmt.startswith(kubectl.TEMPLATE_FORMATS):
+        kubectl.print_template(s, kind, results, fmt)
+        return
     if fmt in ("json", "yaml"):
         if s.multi:
             data: Any = {"kind": "ContextLists", "contexts": [
-                {"context": ctx.name, "region": ctx.region, **mf.list_envelope([_as_data(kind, o) for o in objs])}
+                {"context": ctx.name, "region": ctx.region, **mf.list_envelope([_as_data(kind, o, fmt) for o in objs])}
                 for ctx, objs in results]}
         elif s.opt("name") and results and len(results[0][1]) == 1:
-            data = _as_data(kind, results[0][1][0])
+            data = _as_data(kind, results[0][1][0], fmt)
         else:
-            data = mf.list_envelope([_as_data(kind, o) for _, objs in results for o in objs])
+            data = mf.list_envelope([_as_data(kind, o, fmt) for _, objs in results for o in objs])
         render.dump(s.console, data, fmt)
         return
     if fmt == "name":
@@ -431,11 +445,11 @@ def print_objects(s: Session, kind: str, results: list[tuple[cfgmod.Context, lis
         return
     wide = fmt == "wide"
     now = render.now_ms()
-    headers = render.headers_of(kind, wide)
+    headers = render.headers_of(kind, wide) + (["LABELS"] if s.opt("show_labels") else [])
     rows = []
     for ctx, objs in results:
         for o in objs:
-            row = render.row_of(kind, o, wide, now)
+            row = render.row_of(kind, o, wide, now) + ([kubectl.labels_cell(o)] if s.opt("show_labels") else [])
             rows.append([ctx.name, *row] if s.multi else row)
     if s.multi:
         headers = ["CONTEXT", *headers]
@@ -443,7 +457,7 @@ def print_objects(s: Session, kind: str, results: list[tuple[cfgmod.Context, lis
         if results:
             print(f"No {kind.lower()}s found.", file=s.err)
         return
-    s.console.print(render.make_table(headers, rows))
+    kubectl.print_table(s, render.make_table(headers, rows))
     s._widths = render.column_widths(headers, rows)  # type: ignore[attr-defined]
 
 
@@ -479,9 +493,11 @@ def _get_watch(s: Session, kind: str, ctx: cfgmod.Context | None) -> int:
                 if exc.code is grpc.StatusCode.NOT_FOUND:
                     continue
                 raise
+            if not kubectl.watch_matches(s, obj):
+                continue
             row = render.row_of(kind, obj, wide, render.now_ms())
         if s.args.output in ("json", "yaml"):
-            render.dump(s.console, _as_data(kind, obj) if obj is not None else {"kind": kind, "name": name,
+            render.dump(s.console, _as_data(kind, obj, s.args.output) if obj is not None else {"kind": kind, "name": name,
                                                                                    "deleted": True}, s.args.output)
         elif s.args.output == "name":
             s.out.write(f"{kind.lower()}/{name}\n")
@@ -501,60 +517,13 @@ def cmd_describe(s: Session) -> int:
             report(s, exc, f"describe {kind.lower()} {s.args.name}", ctx, outcome)
             continue
         if s.multi:
-            s.console.print(Text(f"Context: {ctx.name} (region {ctx.region})", style="bold"))
-        _describe(s, client, kind, obj)
+            s.out.write(f"Context: {ctx.name} (region {ctx.region})\n")
+        describe.write(s.out, kind, obj, client)
     return outcome.code
 
 
 def _kv(s: Session, label: str, value: Any, indent: int = 0) -> None:
     s.console.print(Text(f"{' ' * indent}{label + ':':<16}{value}"))
-
-
-def _nested(s: Session, data: Any, indent: int) -> None:
-    for k, v in data.items():
-        if isinstance(v, dict):
-            if not v:
-                _kv(s, k, "-", indent)
-                continue
-            s.console.print(Text(f"{' ' * indent}{k}:"))
-            _nested(s, v, indent + 2)
-        elif isinstance(v, list):
-            _kv(s, k, ", ".join(str(x) for x in v) if v and not isinstance(v[0], dict) else f"{len(v)} item(s)", indent)
-        else:
-            _kv(s, k, v, indent)
-
-
-def _describe(s: Session, client: ApiClient, kind: str, obj: Any) -> None:
-    meta = obj.metadata
-    _kv(s, "Name", meta.name)
-    _kv(s, "Kind", kind)
-    _kv(s, "Version", meta.resource_version)
-    _kv(s, "Created", f"{_when(meta.created_ms)}")
-    _kv(s, "Updated", f"{_when(meta.updated_ms)}")
-    s.console.print(Text("Spec:"))
-    _nested(s, mf.plain(obj.spec), 2)
-    status = mf.plain(obj.status)
-    instances = status.pop("instances", [])
-    status.pop("conditions", None)  # the table below
-    s.console.print(Text("Status:"))
-    _nested(s, status, 2)
-    conditions.print_conditions(s.console, obj.status.conditions)
-    if kind != "Deployment":
-        return
-    if instances:
-        s.console.print(Text("Instances:"))
-        rows = [[i.id, i.state, i.cluster, i.zone, i.init_method or "-", render.age(i.since_ms),
-                 "yes" if i.preempted else ""] for i in obj.status.instances]
-        s.console.print(render.make_table(["  ID", "STATE", "CLUSTER", "ZONE", "INIT", "SINCE", "PREEMPTED"],
-                                          [["  " + r[0], *r[1:]] for r in rows]))
-    try:
-        exp = client.call("Scaling", "Explain", api_pb2.ExplainRequest(  # qualified: right for admins and tenants
-            deployment=f"{obj.spec.tenant}/{meta.name}", limit=5))
-    except (ApiError, Unreachable):
-        return
-    if exp.history:
-        s.console.print(Text("Recent decisions:"))
-        s.console.print(_history_table(exp.history, indent=True))
 
 
 def _when(ms: int) -> str:
@@ -566,7 +535,7 @@ def _when(ms: int) -> str:
 def _history_table(history: Sequence[api_pb2.Decision], indent: bool = False) -> Any:
     pad = "  " if indent else ""
     rows = [[pad + str(d.revision), render.clock(d.at_ms), str(d.replicas), str(d.warm_pool), d.reason or "-",
-             d.message or ""] for d in history]
+             render.person_times(d.message)] for d in history]
     return render.make_table([pad + "REVISION", "TIME", "REPLICAS", "WARM", "REASON", "MESSAGE"], rows)
 
 
@@ -579,7 +548,7 @@ def load_manifests(s: Session, files: Sequence[str]) -> list[mf.Manifest]:
     # one character past the cap is enough to refuse it (load_files names the limit)
     stdin_text = s.stdin.read(mf.MAX_MANIFEST_BYTES + 1) if "-" in files else None
     try:
-        return mf.load_files(files, stdin_text)
+        return mf.load_files(kubectl.expand_files(files, bool(s.opt("recursive"))), stdin_text)
     except mf.ManifestError as exc:
         for line in exc.problems:
             print(f"tenantctl: error: {line}", file=s.err)
@@ -654,13 +623,19 @@ def cmd_apply(s: Session) -> int:
 def cmd_delete(s: Session) -> int:
     targets: list[tuple[str, str, int, str]] = []  # kind, name, version, where
     if s.args.filename:
-        if s.args.kind or s.args.name:
-            raise UsageError("delete: give either KIND NAME or -f FILE, not both")
+        if s.args.kind or s.args.name or s.args.selector:
+            raise UsageError("delete: give either KIND NAME (or KIND -l SELECTOR) or -f FILE, not both")
         for m in _sorted(load_manifests(s, s.args.filename), reverse=True):
             targets.append((m.kind, m.address, m.resource_version or s.args.resource_version, f"{m.where}: "))
+    elif s.args.selector:
+        if s.args.name:
+            raise UsageError("delete: give KIND NAME or KIND -l SELECTOR, not both")
+        targets = kubectl.selected_targets(s, kind_of(s.args.kind, OBJECT_KINDS))
+        if not targets:
+            print("No objects found.", file=s.err)
     else:
         if not s.args.name:
-            raise UsageError("delete: give KIND NAME (e.g. delete deployment chat) or -f FILE")
+            raise UsageError("delete: give KIND NAME (e.g. delete deployment chat), KIND -l SELECTOR or -f FILE")
         targets.append((kind_of(s.args.kind, OBJECT_KINDS), s.args.name, s.args.resource_version, ""))
     outcome = Outcome()
     for ctx, client in s.each():
@@ -669,11 +644,17 @@ def cmd_delete(s: Session) -> int:
             service, _, _, delete = METHODS[kind]
             try:
                 reply = client.call(service, delete, api_pb2.DeleteRequest(name=name, resource_version=version))
+                gone = kubectl.wait_gone(s, client, kind, name) if s.args.wait else None
             except (ApiError, Unreachable) as exc:
-                report(s, exc, f"{where}delete {kind.lower()}/{name}", ctx, outcome)
+                if not (s.args.ignore_not_found and kubectl.not_found(exc)):
+                    report(s, exc, f"{where}delete {kind.lower()}/{name}", ctx, outcome)
                 continue
-            what = "deletion started (scaling to zero)" if kind == "Deployment" else "deleted"
+            what = "deletion started (scaling to zero)" if kind == "Deployment" and not gone else "deleted"
             s.out.write(f"{prefix}{kind.lower()}/{name} {what} (revision {reply.revision})\n")
+            if gone is False:
+                s.warn(f"error: {where}delete {kind.lower()}/{name}: still there after the --timeout of "
+                       f"{s.opt('timeout') or kubectl.WAIT_DEFAULT_S:g} s")
+                outcome.fail(EXIT_FAILED)
     return outcome.code
 
 
@@ -763,7 +744,7 @@ def _print_explain(s: Session, exp: api_pb2.Explanation) -> None:
         _kv(s, "warm pool", f"{lv.warm_pool} Standby granted", 2)
         _kv(s, "reason", lv.reason or "-", 2)
         if lv.message:
-            _kv(s, "message", lv.message, 2)
+            _kv(s, "message", render.person_times(lv.message), 2)
         _kv(s, "panic", "yes" if lv.panic else "no", 2)
         if lv.unknown_signals:
             _kv(s, "load unknown", f"{', '.join(lv.unknown_signals)} (not reported by every serving instance: "
@@ -1036,6 +1017,10 @@ def cmd_config(s: Session) -> int:
         cfgmod.use_context(path, s.args.name)
         s.out.write(f"switched to context {s.args.name!r} ({path})\n")
         return EXIT_OK
+    if op == "current-context":
+        return kubectl.config_current(s, path)
+    if op == "set-context":
+        return kubectl.config_set_context(s, path)
     if not path.exists():
         raise ConfigError(f"{path}: no configuration file (run `controlplane up`, which writes one)", file=str(path))
     cfg = cfgmod.load(path)
@@ -1067,7 +1052,7 @@ COMMANDS: dict[str, Callable[[Session], int]] = {
     "get": cmd_get, "describe": cmd_describe, "apply": cmd_apply, "delete": cmd_delete, "explain": cmd_explain,
     "watch": cmd_watch, "events": cmd_events, "cluster": cmd_topology, "zone": cmd_topology, "status": cmd_status,
     "token": cmd_token, "whoami": cmd_whoami, "dry-run": cmd_dry_run, "config": cmd_config,
-    "completion": cmd_completion,
+    "completion": cmd_completion, "scale": kubectl.cmd_scale, "edit": kubectl.cmd_edit,
 }
 
 
@@ -1088,6 +1073,11 @@ def run(argv: Sequence[str] | None, *, parser: argparse.ArgumentParser | None = 
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2, already printed)
         return int(exc.code or 0) if isinstance(exc.code, int) else EXIT_USAGE
+    if getattr(args, "version", False):
+        from controlplane.cli.version import version_line
+
+        out.write(version_line("tenantctl") + "\n")
+        return EXIT_OK
     if getattr(args, "command", None) is None:
         parser.print_help(out)
         return EXIT_OK

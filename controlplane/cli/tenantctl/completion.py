@@ -73,8 +73,8 @@ _tenantctl() {{
     done
     case "$prev" in
         --context) COMPREPLY=($(compgen -W "$(tenantctl config get-contexts -o name 2>/dev/null)" -- "$cur")); return ;;
-        -o|--output) COMPREPLY=($(compgen -W "table wide json yaml name" -- "$cur")); return ;;
-        -f|--filename|--config|--ca-file) COMPREPLY=($(compgen -f -- "$cur")); return ;;
+        -o|--output) COMPREPLY=($(compgen -W "table wide json yaml name jsonpath= custom-columns=" -- "$cur")); return ;;
+        -f|--filename|--config|--ca-file|--token-file) COMPREPLY=($(compgen -f -- "$cur")); return ;;
     esac
     if [[ $skip == 1 ]]; then return; fi
     case "$cmd" in
@@ -99,12 +99,14 @@ _tenantctl() {{
     case "$cmd" in
         get) if [[ -z $sub ]]; then COMPREPLY=($(compgen -W "{KINDS}" -- "$cur"));
              else COMPREPLY=($(compgen -W "$(_tenantctl_names get "$sub")" -- "$cur")); fi ;;
-        describe|delete) if [[ -z $sub ]]; then COMPREPLY=($(compgen -W "{OBJECT_KINDS}" -- "$cur"));
+        describe|delete|edit) if [[ -z $sub ]]; then COMPREPLY=($(compgen -W "{OBJECT_KINDS}" -- "$cur"));
              else COMPREPLY=($(compgen -W "$(_tenantctl_names get "$sub")" -- "$cur")); fi ;;
+        scale) if [[ -z $sub ]]; then COMPREPLY=($(compgen -W "deployments" -- "$cur"));
+             else COMPREPLY=($(compgen -W "$(tenantctl get deployments -o name 2>/dev/null | sed 's|^[^/]*/||')" -- "$cur")); fi ;;
         explain) COMPREPLY=($(compgen -W "$(_tenantctl_names get deployments)" -- "$cur")) ;;
         cluster) COMPREPLY=($(compgen -W "$(_tenantctl_names get clusters)" -- "$cur")) ;;
         zone) COMPREPLY=($(compgen -W "$(_tenantctl_names get zones)" -- "$cur")) ;;
-        config) [[ $sub == use-context ]] && COMPREPLY=($(compgen -W "$(tenantctl config get-contexts -o name 2>/dev/null)" -- "$cur")) ;;
+        config) [[ $sub == use-context || $sub == set-context ]] && COMPREPLY=($(compgen -W "$(tenantctl config get-contexts -o name 2>/dev/null)" -- "$cur")) ;;
         completion) COMPREPLY=($(compgen -W "bash zsh" -- "$cur")) ;;
     esac
 }}

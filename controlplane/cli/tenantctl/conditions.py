@@ -8,9 +8,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from rich.console import Console
-from rich.text import Text
-
 BAD_STATUS = {"Schedulable": "False", "AdapterConnected": "False", "Preempted": "True", "QuotaExceeded": "True",
               "BreakerOpen": "True", "Ready": "False"}
 """The status of each condition type that blocks or degrades an object."""
@@ -20,6 +17,7 @@ WARN_TYPES = {"Deployment": ("Schedulable",), "Cluster": ("AdapterConnected", "S
 """The conditions ``apply`` warns about per kind (when they block)."""
 
 HEADERS = ["TYPE", "STATUS", "REASON", "MESSAGE", "LAST TRANSITION"]
+"""The columns of ``describe``'s ``Conditions:`` table (rows: :func:`conditions_rows`)."""
 
 
 def blocking(conditions: Sequence[Any]) -> Any | None:
@@ -40,24 +38,10 @@ def blocking_reason(conditions: Sequence[Any]) -> str | None:
 
 
 def conditions_rows(conditions: Sequence[Any]) -> list[list[str]]:
+    """One row per condition, in :data:`HEADERS` order."""
     from controlplane.cli.tenantctl.render import rfc3339
 
     return [[c.type, c.status, c.reason or "-", c.message or "-", rfc3339(c.last_transition_ms)] for c in conditions]
-
-
-def conditions_table(conditions: Sequence[Any], indent: str = "  ") -> Any:
-    """A kubectl-like table of every condition (times in RFC 3339)."""
-    from controlplane.cli.tenantctl.render import make_table
-
-    rows = conditions_rows(conditions)
-    return make_table([indent + HEADERS[0], *HEADERS[1:]], [[indent + r[0], *r[1:]] for r in rows])
-
-
-def print_conditions(console: Console, conditions: Sequence[Any]) -> None:
-    """``Conditions:`` and the table (nothing when the server sent none)."""
-    if conditions:
-        console.print(Text("Conditions:"))
-        console.print(conditions_table(conditions))
 
 
 def warnings(kind: str, name: str, conditions: Sequence[Any]) -> list[str]:

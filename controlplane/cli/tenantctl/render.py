@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -48,6 +49,16 @@ def rfc3339(ms: int) -> str:
     return f"{base}.{frac:03d}Z" if frac else f"{base}Z"
 
 
+_WALL_MS = re.compile(r"\bt=(1\d{12})ms\b")
+
+
+def person_times(text: str) -> str:
+    """A server message with its wall-clock instants (``panic until t=1796160940691ms``) written in
+    RFC 3339 (``panic until 2026-12-02T17:41:23.125Z``). Only 13-digit values (2001..2286) are
+    taken for wall-clock times: virtual times of a simulation stay as they are."""
+    return _WALL_MS.sub(lambda m: rfc3339(int(m.group(1))), text)
+
+
 def clock(ms: int) -> str:
     if not ms:
         return "-"
@@ -73,11 +84,35 @@ def column_widths(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list
     return [max([len(h), *(len(str(r[i])) for r in rows)]) for i, h in enumerate(headers)]
 
 
+INSTANT_KEYS = {"at_ms": "time", "decided_ms": "decidedTime", "since_ms": "sinceTime",
+                "last_transition_ms": "lastTransitionTime", "changed_ms": "changedTime", "created_ms": "createdTime",
+                "expires_ms": "expiresTime"}
+"""Fields holding a wall-clock instant in ms, and their RFC 3339 names in ``-o yaml`` (other ``_ms``
+fields are durations: ``stable_window_ms``, ``lease_remaining_ms``)."""
+
+
+def person_yaml(data: Any) -> Any:
+    """``data`` for ``-o yaml``: each wall-clock instant (an :data:`INSTANT_KEYS` field of 13 digits)
+    as RFC 3339 under its time name; a simulation's virtual times stay as they are."""
+    if isinstance(data, dict):
+        out = {}
+        for k, v in data.items():
+            if k in INSTANT_KEYS and type(v) is int and 10**12 <= v < 10**13:
+                out[INSTANT_KEYS[k]] = rfc3339(v)
+            else:
+                out[k] = person_yaml(v)
+        return out
+    if isinstance(data, list):
+        return [person_yaml(v) for v in data]
+    return data
+
+
 def dump(console: Console, data: Any, fmt: str) -> None:
     if fmt == "json":
         console.file.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
     else:
-        console.file.write(yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True))
+        console.file.write(yaml.safe_dump(person_yaml(data), sort_keys=False, default_flow_style=False,
+                                          allow_unicode=True))
     console.file.flush()
 
 
@@ -199,7 +234,7 @@ def event_detail(e: api_pb2.Event) -> str:
                 + (f" on {where}" if where else ""))
     if e.type == "DECIDED":
         text = f"replicas {e.replicas}, warm pool {e.warm_pool}: {e.reason or '-'}"
-        return text + (f" ({e.message})" if e.message else "")
+        return text + (f" ({person_times(e.message)})" if e.message else "")
     if e.type == "BOOKMARK":
         return "(no change)"
     return f"tenant {e.tenant}" if e.tenant and e.kind != "Tenant" else ""
