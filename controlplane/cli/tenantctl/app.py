@@ -20,8 +20,8 @@ from rich.text import Text
 from controlplane.api import manifests as mf
 from controlplane.api.client import ApiClient, ApiError, Notice, Unreachable
 from controlplane.api.v1 import admin_pb2, api_pb2
+from controlplane.cli.tenantctl import apply_cmds, render
 from controlplane.cli.tenantctl import config as cfgmod
-from controlplane.cli.tenantctl import render
 from controlplane.config import ConfigError, address_problem
 from controlplane.domain.errors import ControlPlaneError
 
@@ -116,7 +116,8 @@ def build_parser(prog: str = "tenantctl") -> argparse.ArgumentParser:
 
     a = add("apply", "create or update the objects in files (YAML or JSON)")
     a.add_argument("-f", "--filename", action="append", required=True, metavar="FILE", help="file, or - for stdin (repeatable)")
-    a.add_argument("--dry-run", action="store_true", help="validate the files only; send nothing")
+    apply_cmds.add_dry_run_flag(a)
+    apply_cmds.add_diff(add)
 
     rm = add("delete", "delete objects (KIND NAME, or -f FILE)")
     rm.add_argument("kind", nargs="?")
@@ -155,7 +156,7 @@ def build_parser(prog: str = "tenantctl") -> argparse.ArgumentParser:
     wh = add("whoami", "who the token says you are")
     _output(wh, ("table", "json", "yaml"))
 
-    dr = add("dry-run", "what applying deployment files would change (nothing is written)")
+    dr = add("dry-run", "what applying files would do, evaluated by the server (nothing is written)")
     dr.add_argument("-f", "--filename", action="append", required=True, metavar="FILE")
     _output(dr, ("table", "json", "yaml"))
 
@@ -584,40 +585,26 @@ def load_manifests(s: Session, files: Sequence[str]) -> list[mf.Manifest]:
         raise Failed(EXIT_FAILED) from None
 
 
-def _exists(client: ApiClient, kind: str, name: str) -> bool:
-    service, get, _, _ = METHODS[kind]
-    try:
-        obj = client.call(service, get, api_pb2.GetRequest(name=name))
-    except ApiError as exc:
-        if exc.code is grpc.StatusCode.NOT_FOUND:
-            return False
-        raise
-    return not (kind == "Zone" and not obj.status.registered)
-
-
 def apply_one(client: ApiClient, m: mf.Manifest) -> str:
-    """Send one object; returns ``created`` or ``configured``. Raises ApiError / Unreachable."""
+    """Send one object; returns the server's ``metadata.apply_result``: ``created``, ``configured``
+    or ``unchanged`` (nothing written). Raises ApiError / Unreachable."""
     msg = m.to_proto()
     if m.kind == "Tenant":
-        if m.resource_version:
-            client.call("Tenants", "UpdateTenant", api_pb2.UpdateTenantRequest(tenant=msg))
-            return "configured"
-        try:
-            client.call("Tenants", "CreateTenant", api_pb2.CreateTenantRequest(tenant=msg), idempotent=False)
-            return "created"
-        except ApiError as exc:
-            if exc.code is not grpc.StatusCode.ALREADY_EXISTS:
-                raise
-        client.call("Tenants", "UpdateTenant", api_pb2.UpdateTenantRequest(tenant=msg))
-        return "configured"
-    existed = _exists(client, m.kind, m.address)
-    if m.kind == "Deployment":
-        client.call("Deployments", "ApplyDeployment", api_pb2.ApplyDeploymentRequest(deployment=msg))
+        if not m.resource_version:
+            try:
+                reply = client.call("Tenants", "CreateTenant", api_pb2.CreateTenantRequest(tenant=msg), idempotent=False)
+                return reply.metadata.apply_result or "created"
+            except ApiError as exc:
+                if exc.code is not grpc.StatusCode.ALREADY_EXISTS:
+                    raise
+        reply = client.call("Tenants", "UpdateTenant", api_pb2.UpdateTenantRequest(tenant=msg))
+    elif m.kind == "Deployment":
+        reply = client.call("Deployments", "ApplyDeployment", api_pb2.ApplyDeploymentRequest(deployment=msg))
     elif m.kind == "Cluster":
-        client.call("Clusters", "RegisterCluster", api_pb2.RegisterClusterRequest(cluster=msg))
+        reply = client.call("Clusters", "RegisterCluster", api_pb2.RegisterClusterRequest(cluster=msg))
     else:
-        client.call("Clusters", "RegisterZone", api_pb2.RegisterZoneRequest(zone=msg))
-    return "configured" if existed else "created"
+        reply = client.call("Clusters", "RegisterZone", api_pb2.RegisterZoneRequest(zone=msg))
+    return reply.metadata.apply_result or "configured"
 
 
 def _sorted(ms: list[mf.Manifest], reverse: bool = False) -> list[mf.Manifest]:
@@ -627,7 +614,9 @@ def _sorted(ms: list[mf.Manifest], reverse: bool = False) -> list[mf.Manifest]:
 
 def cmd_apply(s: Session) -> int:
     objects = _sorted(load_manifests(s, s.args.filename))
-    if s.args.dry_run:
+    if s.args.dry_run == "server":
+        return apply_cmds.server_dry_run(s, objects, scaling=False)
+    if s.args.dry_run == "client":
         for m in objects:
             s.out.write(f"{m.ref} valid (dry run: nothing sent)\n")
         return EXIT_OK
@@ -674,46 +663,7 @@ def cmd_delete(s: Session) -> int:
 
 
 def cmd_dry_run(s: Session) -> int:
-    objects = load_manifests(s, s.args.filename)
-    others = [m for m in objects if m.kind != "Deployment"]
-    for m in others:
-        s.warn(f"{m.where}: skipped: dry-run evaluates Deployment objects only")
-    outcome = Outcome()
-    results: list[dict[str, Any]] = []
-    for ctx, client in s.each():
-        for m in objects:
-            if m.kind != "Deployment":
-                continue
-            try:
-                r = client.call("Scaling", "DryRun", api_pb2.DryRunRequest(deployment=m.to_proto()))
-            except (ApiError, Unreachable) as exc:
-                report(s, exc, f"{m.where}: dry-run {m.ref}", ctx, outcome)
-                continue
-            if s.args.output != "table":
-                results.append({"context": ctx.name, "object": m.ref, **mf.plain(r)} if s.multi
-                               else {"object": m.ref, **mf.plain(r)})
-                continue
-            _print_dry_run(s, ctx, m, r)
-    if s.args.output != "table":
-        render.dump(s.console, results if len(results) != 1 else results[0], s.args.output)
-    return outcome.code
-
-
-def _print_dry_run(s: Session, ctx: cfgmod.Context, m: mf.Manifest, r: api_pb2.DryRunResult) -> None:
-    head = f"{ctx.name}: " if s.multi else ""
-    verb = ("would change" if r.changes else "unchanged") if r.exists else "would be created"
-    s.console.print(Text(f"{head}{m.ref} {verb} (dry run: nothing was written)", style="bold"))
-    if r.changes:
-        s.console.print(render.make_table(["  FIELD", "BEFORE", "AFTER"],
-                                          [["  " + c.field, c.before or "-", c.after or "-"] for c in r.changes]))
-    s.console.print(Text(f"  replicas now {r.current_replicas}; scaling target {r.target_before} -> "
-                         f"{r.target_after} ({r.reason_after or '-'}); warm pool {r.warm_pool_after}"))
-    if r.message_after:
-        s.console.print(Text(f"  {r.message_after}"))
-    if not r.live_signals:
-        s.console.print(Text("  (no live signals from the lease holder: targets assume no load)"))
-    for note in r.notes:
-        s.console.print(Text(f"  note: {note}"))
+    return apply_cmds.server_dry_run(s, load_manifests(s, s.args.filename), scaling=True)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1062,7 +1012,7 @@ def cmd_completion(s: Session) -> int:
 COMMANDS: dict[str, Callable[[Session], int]] = {
     "get": cmd_get, "describe": cmd_describe, "apply": cmd_apply, "delete": cmd_delete, "explain": cmd_explain,
     "watch": cmd_watch, "events": cmd_events, "cluster": cmd_topology, "zone": cmd_topology, "status": cmd_status,
-    "token": cmd_token, "whoami": cmd_whoami, "dry-run": cmd_dry_run, "config": cmd_config,
+    "token": cmd_token, "whoami": cmd_whoami, "dry-run": cmd_dry_run, "config": cmd_config, "diff": apply_cmds.cmd_diff,
     "completion": cmd_completion,
 }
 
