@@ -152,6 +152,37 @@ def _model_in(tp: Any, tag: str | int | None) -> type[BaseModel] | None:
     return None
 
 
+def without(data: typing.Mapping[str, Any], locs: typing.Iterable[tuple[Any, ...]]) -> dict[str, Any]:
+    """``data`` without the values at ``locs`` (pydantic error locations, map keys included): what
+    is left of a document once the values its schema refused are taken out, so the domain's checks
+    can still run on the rest and every problem is reported in one run."""
+    out: dict[str, Any] = _copy(data)
+    for loc in locs:
+        parts = [p for p in loc if p != "[key]"]
+        node: Any = out
+        for part in parts[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and parts:
+            node.pop(parts[-1], None)
+    return out
+
+
+def _copy(value: Any) -> Any:
+    return {k: _copy(v) for k, v in value.items()} if isinstance(value, typing.Mapping) else value
+
+
+def lenient(model: type[BaseModel], data: typing.Mapping[str, Any]) -> Any:
+    """``model`` of ``data``, or of what is left :func:`without` the refused values; None when even
+    that is invalid (a required field refused)."""
+    try:
+        return model.model_validate(data)
+    except pydantic.ValidationError as exc:
+        try:
+            return model.model_validate(without(data, [e["loc"] for e in exc.errors()]))
+        except pydantic.ValidationError:
+            return None
+
+
 def did_you_mean(name: object, allowed: typing.Iterable[str]) -> str:
     """`` (did you mean 'max_replicas'?)`` for a mistyped field name, else ``""``."""
     if not isinstance(name, str):

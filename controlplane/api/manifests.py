@@ -55,6 +55,7 @@ from controlplane.specs import (
     did_you_mean,
     tenant_of,
     unknown_field,
+    without,
 )
 
 API_VERSION = "controlplane.io/v1"
@@ -76,6 +77,7 @@ class ManifestError(Exception):
     """One or more problems, one line each (already prefixed with file, object and field)."""
 
     def __init__(self, problems: list[str]) -> None:
+        problems = list(dict.fromkeys(problems))  # each problem once, in order
         super().__init__("\n".join(problems))
         self.problems = problems
 
@@ -165,7 +167,7 @@ def load_files(paths: Iterable[str], stdin_text: str | None = None) -> list[Mani
             problems.extend(exc.problems)
     seen: dict[tuple[str, str], str] = {}
     for m in out:
-        key = (m.kind, m.name)
+        key = (m.kind, m.address)  # deployment names are per tenant
         if key in seen:
             problems.append(f"{m.where}: {m.kind}/{m.name} is also defined at {seen[key]}")
         else:
@@ -452,7 +454,7 @@ def _spec_problems(kind: str, name: str, spec: Mapping[str, Any]) -> list[tuple[
     except pydantic.ValidationError as exc:
         problems = [_pydantic_problem(kind, err) for err in exc.errors(include_url=False)]
         # the fields the schema accepted still get the domain's checks (all problems at once)
-        pruned = _without(spec, [err["loc"] for err in exc.errors(include_url=False)])
+        pruned = without(spec, [err["loc"] for err in exc.errors(include_url=False)])
         try:
             model = _validated(kind, name, pruned)
         except (pydantic.ValidationError, _Unknown):
@@ -468,23 +470,6 @@ def _domain_problems(kind: str, name: str, model: Any) -> list[tuple[list[str | 
     except ValidationError as exc:
         return [(_domain_path(kind, f), problem) for f, problem in exc.problems]
     return []
-
-
-def _without(spec: Mapping[str, Any], locs: Iterable[tuple[Any, ...]]) -> dict[str, Any]:
-    """``spec`` without the values at ``locs`` (pydantic error locations; map keys included)."""
-    out: dict[str, Any] = _copy(spec)
-    for loc in locs:
-        parts = [p for p in loc if p != "[key]"]
-        node: Any = out
-        for part in parts[:-1]:
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict) and parts:
-            node.pop(parts[-1], None)
-    return out
-
-
-def _copy(value: Any) -> Any:
-    return {k: _copy(v) for k, v in value.items()} if isinstance(value, Mapping) else value
 
 
 def _pydantic_problem(kind: str, err: Any) -> tuple[list[str | int], str]:

@@ -331,10 +331,12 @@ def report(s: Session, exc: ApiError | Unreachable, what: str, ctx: cfgmod.Conte
                + "; ".join(f"{ep}: {why}" for ep, why in exc.failures))
         code = EXIT_UNREACHABLE
     else:
-        s.warn(f"error: {where}{what}: {exc}")
+        many = len(exc.violations) > 1  # every problem on its own line, each once
+        s.warn(f"error: {where}{what}: "
+               + (f"{exc.endpoint}: {exc.code.name}: {len(exc.violations)} problems" if many else str(exc)))
         for fld, desc in exc.violations:
-            if f"{fld}:" not in exc.message:
-                print(f"  {fld}: {desc}", file=s.err)
+            if many or f"{fld}:" not in exc.message:
+                print(f"  {fld}: {desc}" if fld else f"  {desc}", file=s.err)
         if exc.code is grpc.StatusCode.UNAUTHENTICATED and ctx is not None and ctx.token_source == "none":
             print("  (no token: set token or token_file in the context, --token or $TENANTCTL_TOKEN)", file=s.err)
         code = EXIT_FAILED
