@@ -3,15 +3,16 @@
 Every write (CreateTenant, UpdateTenant, ApplyDeployment, RegisterCluster, RegisterZone) builds one
 replicated command from a fresh read of the state (``make(state)``) and then:
 
-1. **tries it** on a private copy of that state through the replicated state machine itself
-   (:func:`controlplane.domain.state.apply`), so a dry run is validated exactly like the real write
-   (versions, limits, pool changes, missing tenants) and a refusal is the same status;
-2. **compares** the object it would store (the domain value: defaults applied, every field, labels
+1. **compares** the object it would store (the domain value: defaults applied, every field, labels
    included once they exist) with the stored one: equal is ``unchanged``, and nothing is committed
    (no Raft entry, no new ``resource_version``, no watch event): a GitOps loop re-applying the same
    files costs reads only;
-3. with ``dry_run`` answers from the copy (the object as it would be); otherwise commits, retrying
-   a lost race from a fresh read as :meth:`ApiCore.update` does.
+2. for an unchanged object and for a dry run, **tries** the command on a private copy of the state
+   through the replicated state machine itself (:func:`controlplane.domain.state.apply`), so it is
+   refused exactly as the real write would be (versions, limits, pool changes, missing tenants:
+   the same status), and a dry run answers from that copy (the object as it would be);
+3. otherwise commits, retrying a lost race from a fresh read as :meth:`ApiCore.update` does (the
+   state machine validates it there; no copy is made for a write that changes something).
 
 The reply's ``metadata.apply_result`` is ``created``, ``configured`` or ``unchanged``.
 
@@ -103,14 +104,15 @@ def put(core: srv.ApiCore, context: grpc.ServicerContext, make: Callable[[Contro
     for attempt in range(srv.RMW_ATTEMPTS):
         state = core.node.state_copy()
         cmd = make(state)
-        tried = trial(state, cmd, limit)
         if dry_run:
-            return tried
-        if tried.result == UNCHANGED:
+            return trial(state, cmd, limit)
+        before = _stored(state, cmd)
+        if before is not None and before == _written(cmd):
+            trial(state, cmd, limit)  # refused as the write would be (a stale resource_version)
             return Written(UNCHANGED)
         try:
             core.commit(cmd, context, limit=limit)
-            return Written(tried.result)
+            return Written(CREATED if before is None else CONFIGURED)
         except srv.ApiError as err:
             raced = err.cp_error == "version-mismatch" or err.code is grpc.StatusCode.ALREADY_EXISTS
             if not retry or not raced or attempt == srv.RMW_ATTEMPTS - 1:
