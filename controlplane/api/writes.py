@@ -139,6 +139,8 @@ def tenant_command(core: srv.ApiCore, state: ControlState, msg: api_pb2.Tenant, 
     t = cv.tenant_from_proto(msg)
     rv = srv.client_version(msg.metadata.resource_version, "metadata.resource_version")
     exists = t.id in state.tenants
+    if mode == "create" and exists:  # refused before anything is proposed (no log entry)
+        raise srv.ApiError(grpc.StatusCode.ALREADY_EXISTS, f"tenant {t.id!r} already exists")
     if mode == "create" or (mode == "apply" and not exists and rv == 0):
         return c.PutTenant(t, c.MUST_NOT_EXIST, core.now_ms())
     if not exists:
