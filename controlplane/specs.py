@@ -77,8 +77,19 @@ class DeploymentBase(Strict):
 
 
 def tenant_of(t: TenantSpec) -> Tenant:
-    """Raises the domain's :class:`ValidationError` (its ``field`` names the problem)."""
-    return Tenant(TenantId(t.id), t.priority, dict(t.quota), dict(t.borrow_limit), Slo(**t.slo.model_dump()))
+    """Raises the domain's :class:`ValidationError` (its ``problems`` name every field, the SLO's too)."""
+    p = Problems()
+    slo = Slo()
+    try:
+        slo = Slo(**t.slo.model_dump())
+    except ValidationError as exc:
+        p.items.extend((f"tenant.{f}", problem) for f, problem in exc.problems)
+    try:
+        built = Tenant(TenantId(t.id), t.priority, dict(t.quota), dict(t.borrow_limit), slo)
+    except ValidationError as exc:
+        p.items.extend(exc.problems)
+    p.raise_any()
+    return built
 
 
 def deployment_of(d: DeploymentBase, where: str) -> Deployment:

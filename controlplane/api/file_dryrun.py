@@ -61,8 +61,8 @@ def _one(core: srv.ApiCore, p: Principal, work: ControlState, kind: str, msg: An
             if not p.is_admin:
                 raise srv.permission_denied(f"{kind.lower()}s are managed by admins only")
             cmd = _command(core, work, kind, msg)
-            before = writes._stored(work, cmd)
-            done = writes._apply_on(work, cmd, before, None)
+            before = writes.stored(work, cmd)
+            done = writes.apply_on(work, cmd, before, None)
             _set(out, kind, _render(work, kind, msg.metadata.name), done.result)
     except Exception as exc:  # noqa: BLE001  (mapped like any servicer failure: INTERNAL logged)
         err = srv._failure(exc, "DryRun")
@@ -103,11 +103,11 @@ def _deployment(core: srv.ApiCore, p: Principal, work: ControlState, msg: api_pb
     ident = names.resolve(work, d.tenant, sent)
     try:
         cmd = writes.deployment_command(core, work, d, rv, create_only=False)
-        before = writes._stored(work, cmd)
+        before = writes.stored(work, cmd)
         proposed = cmd.deployment
         signals = core.holder.signals_of(ident) if core.holds_lease() and core.holder is not None else None
         scaling = dry_run(work, proposed, signals, core.now_ms())
-        done = writes._apply_on(work, cmd, before, "api_max_deployments_per_tenant")
+        done = writes.apply_on(work, cmd, before, "api_max_deployments_per_tenant")
     except srv.ApiError as err:
         raise srv.named_as_sent(err, ident, sent) from None
     _set(out, "Deployment", cv.deployment_to_proto(work, work.deployments[ident]), done.result)

@@ -37,7 +37,6 @@ from controlplane.api import names
 from controlplane.api import server as srv
 from controlplane.api.v1 import api_pb2
 from controlplane.domain import commands as c
-from controlplane.domain.ids import qualified_id
 from controlplane.domain.state import ControlState, apply
 from controlplane.domain.tenants import Deployment
 from raft.fsm import copy_state
@@ -59,7 +58,7 @@ class Written:
 # --- the object a put command stores --------------------------------------------------------------
 
 
-def _stored(state: ControlState, cmd: c.Command) -> object | None:
+def stored(state: ControlState, cmd: c.Command) -> object | None:
     if isinstance(cmd, c.PutTenant):
         return state.tenants.get(cmd.tenant.id)
     if isinstance(cmd, c.PutDeployment):
@@ -81,12 +80,12 @@ def _written(cmd: c.Command) -> object:
 def trial(state: ControlState, cmd: c.Command, limit: str | None = None) -> Written:
     """Apply ``cmd`` to a copy of ``state`` with the state machine; the would-be result and state.
     Raises the status the real write would get when the state machine refuses it."""
-    before = _stored(state, cmd)
+    before = stored(state, cmd)
     copy = copy_state(state)
-    return _apply_on(copy, cmd, before, limit)
+    return apply_on(copy, cmd, before, limit)
 
 
-def _apply_on(work: ControlState, cmd: c.Command, before: object | None, limit: str | None) -> Written:
+def apply_on(work: ControlState, cmd: c.Command, before: object | None, limit: str | None) -> Written:
     result = apply(work, cmd)
     if not result.ok:
         raise srv.rejection_error(result, limit)
@@ -106,7 +105,7 @@ def put(core: srv.ApiCore, context: grpc.ServicerContext, make: Callable[[Contro
         cmd = make(state)
         if dry_run:
             return trial(state, cmd, limit)
-        before = _stored(state, cmd)
+        before = stored(state, cmd)
         if before is not None and before == _written(cmd):
             trial(state, cmd, limit)  # refused as the write would be (a stale resource_version)
             return Written(UNCHANGED)
@@ -187,8 +186,3 @@ def zone_command(core: srv.ApiCore, state: ControlState, msg: api_pb2.Zone) -> c
         raise srv.not_found("zone", z.id)
     new = cv.zone_from_proto(msg, existing)
     return c.PutZone(new, core.expect(rv, srv._meta(state, "zone", z.id), existing is not None), core.now_ms())
-
-
-def deployment_target(d: Deployment) -> str:
-    """The id a deployment request names before the state is read (for errors named as sent)."""
-    return qualified_id(d.tenant, d.id)
