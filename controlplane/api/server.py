@@ -18,7 +18,9 @@ How a call is served (the proto header is the contract):
   ``conflict`` FAILED_PRECONDITION (``cp-error`` trailing metadata says which), ``invalid`` /
   ``malformed`` INVALID_ARGUMENT. No leader: UNAVAILABLE with ``leader-hint``; outcome unknown
   (leadership lost, commit timeout): UNAVAILABLE / DEADLINE_EXCEEDED with ``cp-outcome: unknown``.
-  The reply is the object as read back from this node's replica after the apply.
+  The reply is the object as read back from this node's replica after the apply. An object equal to
+  the stored one, or a ``dry_run`` request, commits nothing (:mod:`controlplane.api.writes`;
+  ``metadata.apply_result``); a whole file's DryRun is :mod:`controlplane.api.file_dryrun`.
 * **Reads** come from the local replica; ``applied-index`` trailing metadata (and ``ReadInfo`` in
   lists) says how far it had applied. A linearizable read first commits an empty batch (a no-op log
   entry) and waits until this node applied it.
