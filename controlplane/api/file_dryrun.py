@@ -10,8 +10,10 @@ are still tried, so every refusal of the file is reported at once.
 Each object gets a :class:`api_pb2.DryRunObject`: its would-be form (``metadata.apply_result``
 ``created`` / ``configured`` / ``unchanged``) or its refusal (status name, message, field
 violations); a deployment also gets the scaling dry run (:func:`controlplane.core.dryrun.dry_run`)
-against the copy as it stood before it, with the lease holder's signals when this coordinator holds
-the lease (otherwise without load: ``live_signals`` false).
+against the copy as it stood before it, with the lease holder's signals: a coordinator that does not
+hold the lease forwards a file with deployments to the holder (one hop, short deadline, as the
+single-deployment DryRun does) and evaluates it itself, without load (``live_signals`` false), when
+that fails.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from controlplane.api import names
 from controlplane.api import server as srv
 from controlplane.api import writes
 from controlplane.api.auth import Principal
-from controlplane.api.v1 import api_pb2
+from controlplane.api.v1 import api_pb2, api_pb2_grpc
 from controlplane.core.dryrun import DryRunOutcome, dry_run
 from controlplane.domain import commands as c
 from controlplane.domain.state import ControlState
@@ -44,6 +46,11 @@ def dry_run_file(core: srv.ApiCore, context: grpc.ServicerContext, request: api_
     if request.HasField("deployment"):
         raise cv.invalid("deployment", "give either deployment or the file's objects (zones, clusters, "
                                        "tenants, deployments), not both")
+    if request.deployments and not core.holds_lease():  # the holder has the live signals
+        reply = core.forward(context, lambda ch, md: api_pb2_grpc.ScalingStub(ch).DryRun(
+            request, timeout=srv.FORWARD_DEADLINE_S, metadata=md))
+        if reply is not None:
+            return reply
     work = copy_state(core.node.state_copy())
     lists = {"Zone": request.zones, "Cluster": request.clusters, "Tenant": request.tenants,
              "Deployment": request.deployments}

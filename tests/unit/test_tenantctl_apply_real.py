@@ -119,6 +119,17 @@ def test_reapplying_an_unchanged_file_writes_nothing(g: RealCtl, tmp_path: Path)
     assert after["tenant"] > before["tenant"] and after["deployment"] == before["deployment"]
 
 
+def test_an_unchanged_tenant_leaves_the_state_revision_where_it_was(g: RealCtl, tmp_path: Path) -> None:
+    """With no deployment the control loop commits nothing itself: the replicated state's revision
+    (the counter of resource_version) must not move at all (the Raft index moves with lease renewals)."""
+    f = write(tmp_path, TEAM.split("---\n")[0])
+    assert g.ctl("apply", "-f", f)[1] == "tenant/search created\n"
+    revision = g.co.node.state_copy().applied
+    for _ in range(3):
+        assert g.ctl("apply", "-f", f)[1] == "tenant/search unchanged\n"
+    assert g.co.node.state_copy().applied == revision
+
+
 def test_every_writer_takes_dry_run_and_writes_nothing(g: RealCtl) -> None:
     a = g.admin
     recorder = PutRecorder(g)
