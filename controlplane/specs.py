@@ -172,14 +172,21 @@ def without(data: typing.Mapping[str, Any], locs: typing.Iterable[tuple[Any, ...
         parts = [p for p in loc if p != "[key]"]
         node: Any = out
         for part in parts[:-1]:
-            node = node.get(part) if isinstance(node, dict) else None
+            if isinstance(node, dict):
+                node = node.get(part)
+            elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+                node = node[part]
+            else:
+                node = None
         if isinstance(node, dict) and parts:
             node.pop(parts[-1], None)
     return out
 
 
 def _copy(value: Any) -> Any:
-    return {k: _copy(v) for k, v in value.items()} if isinstance(value, typing.Mapping) else value
+    if isinstance(value, typing.Mapping):
+        return {k: _copy(v) for k, v in value.items()}
+    return [_copy(v) for v in value] if isinstance(value, list) else value
 
 
 def lenient(model: type[BaseModel], data: typing.Mapping[str, Any]) -> Any:
