@@ -282,6 +282,16 @@ def test_strict_types_and_did_you_mean(g: RealCtl, tmp_path: Path) -> None:
     assert g.ctl("get", "tenant", "team-a")[0] == 1
 
 
+def test_an_invalid_name_is_reported_once(tmp_path: Path) -> None:
+    """It is checked with the envelope and again by the spec model: printed once all the same."""
+    from controlplane.cli.tenantctl import run
+
+    f = write(tmp_path, "apiVersion: controlplane.io/v1\nkind: Tenant\nmetadata: {name: A_b}\nspec: {priority: 1}\n")
+    err = io.StringIO()
+    assert run(["apply", "--dry-run", "-f", f], out=io.StringIO(), err=err) == 1
+    assert err.getvalue().count("metadata.name: 'A_b' is not a valid id") == 1
+
+
 def test_the_server_reports_every_field_violation(g: RealCtl) -> None:
     g.admin.tenants.CreateTenant(api_pb2.CreateTenantRequest(tenant=api_pb2.Tenant(
         metadata=api_pb2.ObjectMeta(name="search"), spec=api_pb2.TenantSpec(priority=1))), timeout=10)
