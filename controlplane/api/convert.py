@@ -109,6 +109,11 @@ def _domain_field(field: str, field_of: dict[str, str], prefix: str) -> str:
     return f"{path}.{rest}" if rest else path
 
 
+def _domain_invalid(exc: ValidationError, field_of: dict[str, str], prefix: str = "spec.") -> InvalidArgument:
+    """Every problem a domain constructor found, as the request's fields."""
+    return InvalidArgument([(_domain_field(f, field_of, prefix), problem) for f, problem in exc.problems])
+
+
 def _validate(model: type[BaseModel], data: dict[str, Any], field_of: dict[str, str], prefix: str) -> Any:
     try:
         return model.model_validate(data)
@@ -145,7 +150,7 @@ def tenant_from_proto(msg: api_pb2.Tenant) -> Tenant:
     try:
         return dataclasses.replace(tenant_of(model), labels=labels)
     except ValidationError as exc:
-        raise invalid(_domain_field(exc.field, _TENANT_FIELDS, "spec."), exc.problem) from None
+        raise _domain_invalid(exc, _TENANT_FIELDS) from None
 
 
 def meta_to_proto(name: str, meta: ObjectMeta | None, labels: Mapping[str, str] | None = None) -> api_pb2.ObjectMeta:
@@ -208,7 +213,7 @@ def deployment_from_proto(msg: api_pb2.Deployment) -> Deployment:
     try:
         return dataclasses.replace(deployment_of(model, "spec"), labels=labels)
     except ValidationError as exc:
-        raise invalid(_domain_field(exc.field, _DEPLOYMENT_FIELDS, "spec."), exc.problem) from None
+        raise _domain_invalid(exc, _DEPLOYMENT_FIELDS) from None
 
 
 def deployment_to_proto(state: ControlState, d: Deployment, *, instances: bool = True,
@@ -280,7 +285,7 @@ def cluster_from_proto(msg: api_pb2.Cluster, existing: Cluster | None = None) ->
                        cordoned=existing.cordoned if existing else False,
                        draining=existing.draining if existing else False, labels=labels)
     except ValidationError as exc:
-        raise invalid(_domain_field(exc.field, _TOPOLOGY_FIELDS, "spec."), exc.problem) from None
+        raise _domain_invalid(exc, _TOPOLOGY_FIELDS) from None
 
 
 def zone_from_proto(msg: api_pb2.Zone, existing: Zone | None = None) -> Zone:
@@ -293,7 +298,7 @@ def zone_from_proto(msg: api_pb2.Zone, existing: Zone | None = None) -> Zone:
         return Zone(m.id, m.region, cordoned=existing.cordoned if existing else False,
                     draining=existing.draining if existing else False, labels=labels)
     except ValidationError as exc:
-        raise invalid(_domain_field(exc.field, _TOPOLOGY_FIELDS, "spec."), exc.problem) from None
+        raise _domain_invalid(exc, _TOPOLOGY_FIELDS) from None
 
 
 def zones_of(state: ControlState) -> list[str]:

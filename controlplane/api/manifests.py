@@ -54,7 +54,10 @@ from controlplane.specs import (
     TenantSpec,
     ZoneSpec,
     deployment_of,
+    did_you_mean,
     tenant_of,
+    unknown_field,
+    without,
 )
 
 API_VERSION = "controlplane.io/v1"
@@ -79,6 +82,7 @@ class ManifestError(Exception):
     """One or more problems, one line each (already prefixed with file, object and field)."""
 
     def __init__(self, problems: list[str]) -> None:
+        problems = list(dict.fromkeys(problems))  # each problem once, in order
         super().__init__("\n".join(problems))
         self.problems = problems
 
@@ -171,7 +175,7 @@ def load_files(paths: Iterable[str], stdin_text: str | None = None) -> list[Mani
             problems.extend(exc.problems)
     seen: dict[tuple[str, str], str] = {}
     for m in out:
-        key = (m.kind, m.name)
+        key = (m.kind, m.address)  # deployment names are per tenant
         if key in seen:
             problems.append(f"{m.where}: {m.kind}/{m.name} is also defined at {seen[key]}")
         else:
@@ -373,7 +377,8 @@ def parse_object(data: Any, source: str, index: int, node: yaml.Node | None = No
         problems.append(f"{source}{_line_suffix(node, path)}: object {index} ({label}): {field}: {message}")
 
     for key in sorted(set(data) - ENVELOPE_FIELDS, key=str):
-        problem([key], "unknown field (expected apiVersion, kind, metadata, spec)")
+        problem([key], "unknown field" + (did_you_mean(key, ENVELOPE_FIELDS) or
+                                          " (expected apiVersion, kind, metadata, spec)"))
     api_version = data.get("apiVersion")
     if api_version is None:
         problem(["apiVersion"], f"required ({API_VERSION})")
@@ -391,7 +396,8 @@ def parse_object(data: Any, source: str, index: int, node: yaml.Node | None = No
                 f"must be a mapping with name, got {type(meta).__name__}")
     else:
         for key in sorted(set(meta) - METADATA_FIELDS, key=str):
-            problem(["metadata", key], "unknown field (expected name, labels, resourceVersion)")
+            problem(["metadata", key], "unknown field" + (did_you_mean(key, METADATA_FIELDS) or
+                                                          " (expected name, labels, resourceVersion)"))
         if name is None:
             problem(["metadata", "name"], "required")
         elif kind == "Deployment" and isinstance(name, str) and "/" in name:
@@ -464,25 +470,36 @@ def _spec_problems(kind: str, name: str, spec: Mapping[str, Any]) -> list[tuple[
     except _Unknown as exc:
         return [(exc.path, "unknown field (the name is metadata.name)")]
     except pydantic.ValidationError as exc:
-        return [_pydantic_problem(err) for err in exc.errors(include_url=False)]
+        problems = [_pydantic_problem(kind, err) for err in exc.errors(include_url=False)]
+        # the fields the schema accepted still get the domain's checks (all problems at once)
+        pruned = without(spec, [err["loc"] for err in exc.errors(include_url=False)])
+        try:
+            model = _validated(kind, name, pruned)
+        except (pydantic.ValidationError, _Unknown):
+            return problems
+        seen = {tuple(path) for path, _ in problems}
+        return problems + [(path, why) for path, why in _domain_problems(kind, name, model) if tuple(path) not in seen]
+    return _domain_problems(kind, name, model)
+
+
+def _domain_problems(kind: str, name: str, model: Any) -> list[tuple[list[str | int], str]]:
     try:
         _domain_check(kind, name, model)
     except ValidationError as exc:
-        return [(_domain_path(kind, exc.field), exc.problem)]
+        return [(_domain_path(kind, f), problem) for f, problem in exc.problems]
     return []
 
 
-def _pydantic_problem(err: Any) -> tuple[list[str | int], str]:
+def _pydantic_problem(kind: str, err: Any) -> tuple[list[str | int], str]:
     loc = list(err["loc"])
-    kind = err["type"]
     if loc and loc[-1] == "[key]":
         loc = loc[:-1]
         return (["spec", *loc], f"invalid key: {str(err['msg']).removeprefix('Value error, ')}")
     if loc == ["id"]:
         return (["metadata", "name"], str(err["msg"]).removeprefix("Value error, "))
-    if kind == "extra_forbidden":
-        return (["spec", *loc], "unknown field")
-    if kind == "missing":
+    if err["type"] == "extra_forbidden":
+        return (["spec", *loc], unknown_field(_MODELS[kind], loc))
+    if err["type"] == "missing":
         return (["spec", *loc], "required")
     msg = str(err["msg"]).removeprefix("Value error, ")
     value = err.get("input")

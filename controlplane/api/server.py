@@ -18,7 +18,9 @@ How a call is served (the proto header is the contract):
   ``conflict`` FAILED_PRECONDITION (``cp-error`` trailing metadata says which), ``invalid`` /
   ``malformed`` INVALID_ARGUMENT. No leader: UNAVAILABLE with ``leader-hint``; outcome unknown
   (leadership lost, commit timeout): UNAVAILABLE / DEADLINE_EXCEEDED with ``cp-outcome: unknown``.
-  The reply is the object as read back from this node's replica after the apply.
+  The reply is the object as read back from this node's replica after the apply. An object equal to
+  the stored one, or a ``dry_run`` request, commits nothing (:mod:`controlplane.api.writes`;
+  ``metadata.apply_result``); a whole file's DryRun is :mod:`controlplane.api.file_dryrun`.
 * **Reads** come from the local replica; ``applied-index`` trailing metadata (and ``ReadInfo`` in
   lists) says how far it had applied. A linearizable read first commits an empty batch (a no-op log
   entry) and waits until this node applied it.
@@ -59,7 +61,7 @@ from grpc_reflection.v1alpha import reflection
 from controlplane.api import conditions as conds
 from controlplane.api import convert as cv
 from controlplane.api import limits as lim
-from controlplane.api import names
+from controlplane.api import file_dryrun, names, writes
 from controlplane.api.admin import Membership, NodeStatus, for_tenant, to_proto
 from controlplane.api.auth import (
     Authenticator,
@@ -543,8 +545,9 @@ class TenantsServicer(api_pb2_grpc.TenantsServicer):
     def CreateTenant(self, request: api_pb2.CreateTenantRequest, context: grpc.ServicerContext) -> api_pb2.Tenant:
         self.core.auth.admin(context)
         t = cv.tenant_from_proto(request.tenant)
-        self.core.commit(c.PutTenant(t, c.MUST_NOT_EXIST, self.core.now_ms()), context)
-        return self._read_back(t.id, context)
+        w = writes.put(self.core, context, lambda st: writes.tenant_command(self.core, st, request.tenant, mode="create"),
+                       retry=False, dry_run=request.dry_run)
+        return writes.reply(self.core, context, w, lambda st: self._tenant_of(st, t.id))
 
     @_guarded
     def GetTenant(self, request: api_pb2.GetRequest, context: grpc.ServicerContext) -> api_pb2.Tenant:
@@ -570,15 +573,9 @@ class TenantsServicer(api_pb2_grpc.TenantsServicer):
             raise permission_denied("tenants are changed by admins only")
         t = cv.tenant_from_proto(request.tenant)
         rv = client_version(request.tenant.metadata.resource_version, "metadata.resource_version")
-
-        def make(state: ControlState) -> c.Command | None:
-            if t.id not in state.tenants:
-                raise not_found("tenant", t.id)
-            current = _meta(state, "tenant", t.id)
-            return c.PutTenant(t, self.core.expect(rv, current, True), self.core.now_ms())
-
-        self.core.update(context, make, retry=rv == 0)
-        return self._read_back(t.id, context)
+        w = writes.put(self.core, context, lambda st: writes.tenant_command(self.core, st, request.tenant, mode="update"),
+                       retry=rv == 0, dry_run=request.dry_run)
+        return writes.reply(self.core, context, w, lambda st: self._tenant_of(st, t.id))
 
     @_guarded
     def DeleteTenant(self, request: api_pb2.DeleteRequest, context: grpc.ServicerContext) -> api_pb2.DeleteResponse:
@@ -590,6 +587,10 @@ class TenantsServicer(api_pb2_grpc.TenantsServicer):
 
     def _read_back(self, name: str, context: grpc.ServicerContext) -> api_pb2.Tenant:
         state, _ = self.core.read(context)
+        return self._tenant_of(state, name)
+
+    @staticmethod
+    def _tenant_of(state: ControlState, name: str) -> api_pb2.Tenant:
         t = state.tenants.get(name)
         if t is None:  # deleted right after our write
             raise not_found("tenant", name)
@@ -615,36 +616,24 @@ class DeploymentsServicer(api_pb2_grpc.DeploymentsServicer):
             raise not_found("tenant", d.tenant)
         rv = client_version(request.deployment.metadata.resource_version, "metadata.resource_version")
         name = d.id
-        target = [qualified_id(d.tenant, name)]  # set by make() to the id it wrote
+        target = [qualified_id(d.tenant, name)]  # set to the id written
         if request.create_only and rv:
             raise cv.invalid("metadata.resource_version", "must be 0 (unset) with create_only")
 
-        cap = self.core.cfg.api_max_deployments_per_tenant
-
-        def make(state: ControlState) -> c.Command | None:
-            # Names are per tenant (docs/security.md "Names"): the id is d.tenant's own, whatever
-            # another tenant owns.
-            target[0] = ident = names.resolve(state, d.tenant, name)
-            existing = state.deployments.get(ident)
-            current = _meta(state, "deployment", ident)
-            if existing is not None and existing.deleting:
-                raise ApiError(grpc.StatusCode.FAILED_PRECONDITION,
-                               f"deployment {name!r} is being deleted; apply it again once it is gone",
-                               (("cp-error", "conflict"),))
-            if existing is None and rv > 0:
-                raise not_found("deployment", name)
-            created = existing.created_ms if existing is not None else self.core.now_ms()
-            new = dataclasses.replace(d, id=ident, created_ms=created)
-            expect = c.MUST_NOT_EXIST if request.create_only else self.core.expect(rv, current, existing is not None)
-            return c.PutDeployment(new, expect, self.core.now_ms(), cap)
+        def make(state: ControlState) -> c.Command:
+            cmd = writes.deployment_command(self.core, state, d, rv, create_only=request.create_only)
+            target[0] = cmd.deployment.id
+            return cmd
 
         try:
-            self.core.update(context, make, retry=rv == 0 and not request.create_only,
-                             limit="api_max_deployments_per_tenant")
+            w = writes.put(self.core, context, make, retry=rv == 0 and not request.create_only,
+                           dry_run=request.dry_run, limit="api_max_deployments_per_tenant")
         except ApiError as err:
             raise named_as_sent(err, target[0], name) from None
-        state, _ = self.core.read(context)
-        got = state.deployments.get(target[0])
+        return writes.reply(self.core, context, w, lambda st: self._deployment_of(st, target[0], name))
+
+    def _deployment_of(self, state: ControlState, ident: str, name: str) -> api_pb2.Deployment:
+        got = state.deployments.get(ident)
         if got is None:
             raise not_found("deployment", name)
         return cv.deployment_to_proto(state, got, decision_message=self._decided(state, got.id))
@@ -724,17 +713,9 @@ class ClustersServicer(api_pb2_grpc.ClustersServicer):
         self._admin(context)
         cv.cluster_from_proto(request.cluster)  # validate before touching the state
         rv = client_version(request.cluster.metadata.resource_version, "metadata.resource_version")
-
-        def make(state: ControlState) -> c.Command | None:
-            existing = state.clusters.get(request.cluster.metadata.name)
-            if existing is None and rv > 0:
-                raise not_found("cluster", request.cluster.metadata.name)
-            cl = cv.cluster_from_proto(request.cluster, existing)
-            current = _meta(state, "cluster", cl.id)
-            return c.PutCluster(cl, self.core.expect(rv, current, existing is not None), self.core.now_ms())
-
-        self.core.update(context, make, retry=rv == 0)
-        return self._cluster(request.cluster.metadata.name, context)
+        w = writes.put(self.core, context, lambda st: writes.cluster_command(self.core, st, request.cluster),
+                       retry=rv == 0, dry_run=request.dry_run)
+        return writes.reply(self.core, context, w, lambda st: self._cluster_of(st, request.cluster.metadata.name, context))
 
     @_guarded
     def GetCluster(self, request: api_pb2.GetRequest, context: grpc.ServicerContext) -> api_pb2.Cluster:
@@ -791,6 +772,9 @@ class ClustersServicer(api_pb2_grpc.ClustersServicer):
 
     def _cluster(self, name: str, context: grpc.ServicerContext) -> api_pb2.Cluster:
         state, _ = self.core.read(context)
+        return self._cluster_of(state, name, context)
+
+    def _cluster_of(self, state: ControlState, name: str, context: grpc.ServicerContext) -> api_pb2.Cluster:
         cl = state.clusters.get(name)
         if cl is None:
             raise not_found("cluster", name)
@@ -802,17 +786,9 @@ class ClustersServicer(api_pb2_grpc.ClustersServicer):
         self._admin(context)
         z = cv.zone_from_proto(request.zone)
         rv = client_version(request.zone.metadata.resource_version, "metadata.resource_version")
-
-        def make(state: ControlState) -> c.Command | None:
-            existing = cv.zone_record(state, z.id)
-            if existing is None and rv > 0:
-                raise not_found("zone", z.id)
-            new = cv.zone_from_proto(request.zone, existing)
-            current = _meta(state, "zone", z.id)
-            return c.PutZone(new, self.core.expect(rv, current, existing is not None), self.core.now_ms())
-
-        self.core.update(context, make, retry=rv == 0)
-        return self._zone(z.id, context)
+        w = writes.put(self.core, context, lambda st: writes.zone_command(self.core, st, request.zone),
+                       retry=rv == 0, dry_run=request.dry_run)
+        return writes.reply(self.core, context, w, lambda st: self._zone_of(st, z.id, context))
 
     @_guarded
     def GetZone(self, request: api_pb2.GetRequest, context: grpc.ServicerContext) -> api_pb2.Zone:
@@ -879,6 +855,9 @@ class ClustersServicer(api_pb2_grpc.ClustersServicer):
 
     def _zone(self, name: str, context: grpc.ServicerContext) -> api_pb2.Zone:
         state, _ = self.core.read(context)
+        return self._zone_of(state, name, context)
+
+    def _zone_of(self, state: ControlState, name: str, context: grpc.ServicerContext) -> api_pb2.Zone:
         if name not in cv.zones_of(state):
             raise not_found("zone", name)
         return cv.zone_to_proto(state, name, self._facts(context))
@@ -1056,6 +1035,8 @@ class ScalingServicer(api_pb2_grpc.ScalingServicer):
 
     @_guarded
     def DryRun(self, request: api_pb2.DryRunRequest, context: grpc.ServicerContext) -> api_pb2.DryRunResult:
+        if file_dryrun.is_file_request(request):  # a whole file on one copy of the state
+            return file_dryrun.dry_run_file(self.core, context, request)
         p = self.core.auth.principal(context)
         names.refuse_qualified(request.deployment.metadata.name, "deployment.metadata.name")
         d = cv.deployment_from_proto(request.deployment)
@@ -1083,13 +1064,7 @@ class ScalingServicer(api_pb2_grpc.ScalingServicer):
             raise ApiError(grpc.StatusCode.UNIMPLEMENTED, "dry-run is not available on this coordinator") from None
         proposed = dataclasses.replace(d, created_ms=existing.created_ms) if existing is not None else d
         out = dry_run(state, proposed, signals, self.core.now_ms())
-        return api_pb2.DryRunResult(
-            exists=out.exists,
-            changes=[api_pb2.FieldChange(field=str(f), before=str(b), after=str(a)) for f, b, a in out.changes],
-            current_replicas=out.current_replicas, target_before=out.target_before, target_after=out.target_after,
-            warm_pool_after=out.warm_pool_after, reason_after=out.reason_after, message_after=out.message_after,
-            notes=[n.replace(repr(d.id), repr(sent)) for n in out.notes], live_signals=live,  # named as sent
-        )
+        return file_dryrun.outcome_to_proto(out, live, d.id, sent)  # named as sent
 
 
 # --- Tokens -------------------------------------------------------------------------------------------------------

@@ -72,8 +72,8 @@ def _text(value: object) -> str:
     return str(value)
 
 
-def _flat(obj: object, prefix: str = "") -> dict[str, str]:
-    out: dict[str, str] = {}
+def _flat(obj: object, prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
     for f in dataclasses.fields(obj):  # type: ignore[arg-type]
         if f.name in SKIPPED_FIELDS:
             continue
@@ -81,15 +81,23 @@ def _flat(obj: object, prefix: str = "") -> dict[str, str]:
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             out.update(_flat(value, f"{prefix}{f.name}."))
         else:
-            out[f"{prefix}{f.name}"] = _text(value)
+            out[f"{prefix}{f.name}"] = value
     return out
 
 
+_ABSENT = object()
+
+
 def field_changes(before: Deployment | None, after: Deployment) -> tuple[tuple[str, str, str], ...]:
-    """``(field, before, after)`` for each field that differs (all of them when ``before`` is None)."""
+    """``(field, before, after)`` for each field that differs (all of them when ``before`` is None).
+    Values are compared, not their text: ``0`` and ``0.0`` (a float that went through the codec as
+    an integer) are the same value."""
     new = _flat(after)
     old = _flat(before) if before is not None else {}
-    return tuple((name, old.get(name, ""), value) for name, value in new.items() if old.get(name) != value)
+    return tuple(
+        (name, _text(old[name]) if name in old else "", _text(value))
+        for name, value in new.items() if old.get(name, _ABSENT) != value
+    )
 
 
 def _refusals(state: ControlState, old: Deployment | None, d: Deployment) -> list[str]:

@@ -28,6 +28,8 @@ total), built from these classes' messages.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 
 CLIP_CHARS = 40
 """Most characters of a caller's value that an error message repeats."""
@@ -93,12 +95,51 @@ class PermanentError(ControlPlaneError):
 
 
 class ValidationError(PermanentError):
-    """Bad input. ``field`` is a dotted path (``tenants[0].quota.h100``), ``problem`` what is wrong."""
+    """Bad input. ``field`` is a dotted path (``tenants[0].quota.h100``), ``problem`` what is wrong.
 
-    def __init__(self, field: str, problem: str) -> None:
-        super().__init__(f"{field}: {problem}")
+    ``problems`` holds every ``(field, problem)`` found (a constructor checks all its fields, so a
+    file or request with three mistakes hears of all three); ``field`` / ``problem`` are the first."""
+
+    def __init__(self, field: str, problem: str, *, more: tuple[tuple[str, str], ...] = ()) -> None:
+        self.problems: tuple[tuple[str, str], ...] = ((field, problem), *more)
+        super().__init__("; ".join(f"{f}: {p}" for f, p in self.problems))
         self.field = field
         self.problem = problem
+
+
+class Problems:
+    """Collects :class:`ValidationError` s of several checks; :meth:`raise_any` raises them as one.
+
+    ::
+
+        p = Problems()
+        p.check(check_int, "deployment.min_replicas", value, 0)
+        p.raise_any()
+    """
+
+    def __init__(self) -> None:
+        self.items: list[tuple[str, str]] = []
+
+    def check(self, fn: Callable[..., object], *args: object) -> bool:
+        """Run ``fn(*args)``; False (and the problems recorded) when it raised ValidationError."""
+        try:
+            fn(*args)
+        except ValidationError as exc:
+            self.items.extend(exc.problems)
+            return False
+        return True
+
+    def add(self, field: str, problem: str) -> None:
+        self.items.append((field, problem))
+
+    def has(self, *fields: str) -> bool:
+        """Whether any of ``fields`` has a problem already (cross-field rules then stay silent)."""
+        return any(f in fields for f, _ in self.items)
+
+    def raise_any(self) -> None:
+        if self.items:
+            (field, problem), *more = self.items
+            raise ValidationError(field, problem, more=tuple(more))
 
 
 class IllegalTransition(PermanentError):

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from controlplane.domain.engines import Engine  # noqa: F401 - re-exported: Engine has always been imported from here
-from controlplane.domain.errors import ValidationError, clip
+from controlplane.domain.errors import Problems, ValidationError, clip
 from controlplane.domain.ids import DeploymentId, PoolId, TenantId, deployment_id_problem, id_problem, split_deployment_id
 from controlplane.domain.labels import check_labels
 
@@ -63,8 +63,10 @@ class Slo:
     """A request still waiting for an instance after this long is dropped (answered 503)."""
 
     def __post_init__(self) -> None:
-        check_int("slo.ttft_p99_ms", self.ttft_p99_ms, 1, HOUR_MS)
-        check_int("slo.max_queue_ms", self.max_queue_ms, 1, HOUR_MS)
+        p = Problems()
+        p.check(check_int, "slo.ttft_p99_ms", self.ttft_p99_ms, 1, HOUR_MS)
+        p.check(check_int, "slo.max_queue_ms", self.max_queue_ms, 1, HOUR_MS)
+        p.raise_any()
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,11 +82,13 @@ class Tenant:
     """``metadata.labels`` (:mod:`controlplane.domain.labels`); not part of any decision."""
 
     def __post_init__(self) -> None:
-        check_id("tenant.id", self.id)
-        check_labels("tenant.labels", self.labels)
-        check_int("tenant.priority", self.priority, 0, MAX_PRIORITY)
-        check_gpu_map("tenant.quota", self.quota)
-        check_gpu_map("tenant.borrow_limit", self.borrow_limit)
+        p = Problems()
+        p.check(check_id, "tenant.id", self.id)
+        p.check(check_labels, "tenant.labels", self.labels)
+        p.check(check_int, "tenant.priority", self.priority, 0, MAX_PRIORITY)
+        p.check(check_gpu_map, "tenant.quota", self.quota)
+        p.check(check_gpu_map, "tenant.borrow_limit", self.borrow_limit)
+        p.raise_any()
 
     def quota_in(self, pool: PoolId) -> int:
         return self.quota.get(pool, 0)
@@ -145,26 +149,26 @@ class ScalingPolicy:
     (:data:`~controlplane.domain.engines.TRITON_QUEUE_P95_TARGET_MS`)."""
 
     def __post_init__(self) -> None:
-        check_range("policy.target_concurrency", self.target_concurrency, 0.01, 100_000)
-        check_range("policy.target_kv_usage", self.target_kv_usage, 0.01, 1.0)
-        check_range("policy.target_token_utilization", self.target_token_utilization, 0.01, 1.0)
-        check_range("policy.tolerance", self.tolerance, 0.0, 0.9)
-        check_int("policy.stable_window_ms", self.stable_window_ms, 1_000, HOUR_MS)
-        check_int("policy.ewma_half_life_ms", self.ewma_half_life_ms, 1, HOUR_MS)
-        check_int("policy.panic_window_ms", self.panic_window_ms, 250)
-        if self.panic_window_ms > self.stable_window_ms:
-            raise ValidationError(
-                "policy.panic_window_ms",
-                f"must not exceed stable_window_ms ({self.stable_window_ms}), got {self.panic_window_ms}",
-            )
-        check_range("policy.panic_threshold", self.panic_threshold, 1.0, 100.0)
-        check_int("policy.panic_hold_ms", self.panic_hold_ms, 0, HOUR_MS)
-        check_int("policy.scale_down_stabilization_ms", self.scale_down_stabilization_ms, 0, HOUR_MS)
-        check_int("policy.max_step_up", self.max_step_up, 1, 100_000)
-        check_int("policy.max_step_down", self.max_step_down, 1, 100_000)
-        check_int("policy.scale_down_cooldown_ms", self.scale_down_cooldown_ms, 0, HOUR_MS)
-        check_range("policy.ttft_slo_weight", self.ttft_slo_weight, 0.0, 10.0)
-        check_range("policy.target_queue_p95_ms", self.target_queue_p95_ms, 0.0, HOUR_MS)
+        p = Problems()  # every problem at once, in field order
+        p.check(check_range, "policy.target_concurrency", self.target_concurrency, 0.01, 100_000)
+        p.check(check_range, "policy.target_kv_usage", self.target_kv_usage, 0.01, 1.0)
+        p.check(check_range, "policy.target_token_utilization", self.target_token_utilization, 0.01, 1.0)
+        p.check(check_range, "policy.tolerance", self.tolerance, 0.0, 0.9)
+        p.check(check_int, "policy.stable_window_ms", self.stable_window_ms, 1_000, HOUR_MS)
+        p.check(check_int, "policy.ewma_half_life_ms", self.ewma_half_life_ms, 1, HOUR_MS)
+        p.check(check_int, "policy.panic_window_ms", self.panic_window_ms, 250)
+        if not p.has("policy.panic_window_ms", "policy.stable_window_ms") and self.panic_window_ms > self.stable_window_ms:
+            p.add("policy.panic_window_ms",
+                  f"must not exceed stable_window_ms ({self.stable_window_ms}), got {self.panic_window_ms}")
+        p.check(check_range, "policy.panic_threshold", self.panic_threshold, 1.0, 100.0)
+        p.check(check_int, "policy.panic_hold_ms", self.panic_hold_ms, 0, HOUR_MS)
+        p.check(check_int, "policy.scale_down_stabilization_ms", self.scale_down_stabilization_ms, 0, HOUR_MS)
+        p.check(check_int, "policy.max_step_up", self.max_step_up, 1, 100_000)
+        p.check(check_int, "policy.max_step_down", self.max_step_down, 1, 100_000)
+        p.check(check_int, "policy.scale_down_cooldown_ms", self.scale_down_cooldown_ms, 0, HOUR_MS)
+        p.check(check_range, "policy.ttft_slo_weight", self.ttft_slo_weight, 0.0, 10.0)
+        p.check(check_range, "policy.target_queue_p95_ms", self.target_queue_p95_ms, 0.0, HOUR_MS)
+        p.raise_any()
 
 
 def engine_policy(engine: Engine, settings: Mapping[str, object] | None = None) -> ScalingPolicy:
@@ -197,28 +201,27 @@ class Deployment:
     """``metadata.labels`` (:mod:`controlplane.domain.labels`); not part of any decision."""
 
     def __post_init__(self) -> None:
+        p = Problems()
         problem = deployment_id_problem(self.id)
         if problem:
-            raise ValidationError("deployment.id", problem)
-        check_id("deployment.tenant", self.tenant)
-        owner = split_deployment_id(self.id)[0]
+            p.add("deployment.id", problem)
+        p.check(check_id, "deployment.tenant", self.tenant)
+        owner = split_deployment_id(self.id)[0] if not problem else None
         if owner is not None and owner != self.tenant:
-            raise ValidationError("deployment.id", f"{clip(self.id)} names tenant {clip(owner)}, but the deployment's "
-                                                   f"tenant is {clip(self.tenant)}")
-        check_id("deployment.pool", self.pool)
+            p.add("deployment.id", f"{clip(self.id)} names tenant {clip(owner)}, but the deployment's "
+                                   f"tenant is {clip(self.tenant)}")
+        p.check(check_id, "deployment.pool", self.pool)
         if not isinstance(self.engine, Engine):
-            raise ValidationError("deployment.engine", f"unknown engine {clip(self.engine)}")
+            p.add("deployment.engine", f"unknown engine {clip(self.engine)}")
         if not self.model:
-            raise ValidationError("deployment.model", "must not be empty")
-        check_int("deployment.gpus_per_instance", self.gpus_per_instance, 1, 64)
-        check_int("deployment.min_replicas", self.min_replicas, 0)
-        check_int("deployment.max_replicas", self.max_replicas, 1, 100_000)
-        if self.min_replicas > self.max_replicas:
-            raise ValidationError(
-                "deployment.min_replicas",
-                f"must not exceed max_replicas ({self.max_replicas}), got {self.min_replicas}",
-            )
-        check_int("deployment.warm_pool", self.warm_pool, 0, 1_000)
+            p.add("deployment.model", "must not be empty")
+        p.check(check_int, "deployment.gpus_per_instance", self.gpus_per_instance, 1, 64)
+        p.check(check_int, "deployment.min_replicas", self.min_replicas, 0)
+        p.check(check_int, "deployment.max_replicas", self.max_replicas, 1, 100_000)
+        if not p.has("deployment.min_replicas", "deployment.max_replicas") and self.min_replicas > self.max_replicas:
+            p.add("deployment.min_replicas", f"must not exceed max_replicas ({self.max_replicas}), got {self.min_replicas}")
+        p.check(check_int, "deployment.warm_pool", self.warm_pool, 0, 1_000)
         if not isinstance(self.deleting, bool):
-            raise ValidationError("deployment.deleting", "must be true or false")
-        check_labels("deployment.labels", self.labels)
+            p.add("deployment.deleting", "must be true or false")
+        p.check(check_labels, "deployment.labels", self.labels)
+        p.raise_any()

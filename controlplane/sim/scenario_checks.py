@@ -22,7 +22,7 @@ from controlplane.domain.errors import ValidationError
 from controlplane.domain.ids import ClusterId, PoolId
 from controlplane.domain.profiles import PROFILES
 from controlplane.domain.topology import Cluster
-from controlplane.specs import DeploymentBase, TenantSpec, deployment_of, tenant_of
+from controlplane.specs import DeploymentBase, TenantSpec, deployment_of, lenient, tenant_of, unknown_field
 from controlplane.sim.scenario import (
     WORKLOAD_TAGS,
     ClusterSpec,
@@ -81,6 +81,10 @@ def _clean(loc: tuple[Any, ...]) -> Loc:
 def _pydantic_problems(exc: pydantic.ValidationError, prefix: Loc) -> Iterator[Problem]:
     for err in exc.errors():
         msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = unknown_field(ScenarioSpec, err["loc"])
+        elif "got" not in msg and not isinstance(err.get("input"), (dict, list)) and "input" in err:
+            msg += f", got {err['input']!r}"[:60]
         yield (*prefix, *_clean(err["loc"])), msg
 
 
@@ -157,21 +161,24 @@ def _item_problems(raw: dict[str, Any], base_dir: Path) -> Iterator[Problem]:
             try:
                 Cluster(ClusterId(spec.id), spec.zone, spec.region, {PoolId(k): v for k, v in spec.capacity.items()})
             except ValidationError as exc:
-                yield ("clusters", i, *_loc_of(exc.field.removeprefix("cluster."))), exc.problem
+                for f, problem in exc.problems:
+                    yield ("clusters", i, *_loc_of(f.removeprefix("cluster."))), problem
     for i, t in _items(raw, "tenants"):
         tspec = _valid(TenantSpec, t)
         if tspec is not None:
             try:
                 tenant_of(tspec)
             except ValidationError as exc:
-                yield ("tenants", i, *_loc_of(exc.field.removeprefix("tenant."))), exc.problem
+                for f, problem in exc.problems:
+                    yield ("tenants", i, *_loc_of(f.removeprefix("tenant."))), problem
     for i, d in _items(raw, "deployments"):
         dspec = _valid(DeploymentBase, {k: v for k, v in d.items() if k != "workload"})
         if dspec is not None and dspec.model in PROFILES:  # an unknown one is a reference problem above
             try:
                 deployment_of(dspec, f"deployments[{i}]")
             except ValidationError as exc:
-                yield _loc_of(exc.field), exc.problem
+                for f, problem in exc.problems:
+                    yield _loc_of(f), problem
         if isinstance(d.get("workload"), dict):
             yield from _file_problems(i, d["workload"], base_dir)
     for i, f in _items(raw, "failures"):
@@ -181,10 +188,9 @@ def _item_problems(raw: dict[str, Any], base_dir: Path) -> Iterator[Problem]:
 
 
 def _valid(model: type[pydantic.BaseModel], data: dict[str, Any]) -> Any:
-    try:
-        return model.model_validate(data)
-    except pydantic.ValidationError:
-        return None
+    """The item's model, its refused values left out (their schema errors are reported already),
+    so its domain checks still run: every problem in one run."""
+    return lenient(model, data)
 
 
 FILE_FIELDS = ("trace", "rates", "lengths_from")

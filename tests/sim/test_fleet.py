@@ -279,7 +279,7 @@ def test_every_problem_is_reported_with_its_line(tmp_path: Path) -> None:
     with pytest.raises(ScenarioError) as err:
         load_scenario(path)
     expected = [
-        (2, "colour", "Extra inputs are not permitted"),
+        (2, "colour", "unknown field"),
         (3, "fleet.termination_grace_s", "greater than or equal to 0"),
         (6, "clusters[1].capacity.h100", "valid integer"),
         (6, "clusters[1].id", "duplicate id 'c1'"),

@@ -126,6 +126,14 @@ def _select(request, items, context):  # type: ignore[no-untyped-def]
     return [i for i in items if selector.matches(i.metadata.labels)]
 
 
+def _result(obj, result: str):  # type: ignore[no-untyped-def]
+    """A copy of ``obj`` with ``metadata.apply_result`` set (what the real writers answer)."""
+    out = type(obj)()
+    out.CopyFrom(obj)
+    out.metadata.apply_result = result
+    return out
+
+
 def _bad_request(context: grpc.ServicerContext, field_name: str, description: str) -> None:
     detail = any_pb2.Any()
     detail.Pack(error_details_pb2.BadRequest(field_violations=[
@@ -161,7 +169,7 @@ class _Tenants(_Base, api_pb2_grpc.TenantsServicer):
                 context.abort(grpc.StatusCode.ALREADY_EXISTS, f"tenant {t.metadata.name!r} already exists")
             obj = api_pb2.Tenant(metadata=_meta(t.metadata.name, self.store, sent=t.metadata), spec=t.spec)
             self.store.tenants[t.metadata.name] = obj
-            return obj
+            return _result(obj, "created")
 
     def UpdateTenant(self, request, context):
         self.ep.enter("UpdateTenant", context, write=True)
@@ -173,7 +181,7 @@ class _Tenants(_Base, api_pb2_grpc.TenantsServicer):
             _check_version(context, old, t.metadata.resource_version)
             obj = api_pb2.Tenant(metadata=_meta(t.metadata.name, self.store, old.metadata, t.metadata), spec=t.spec)
             self.store.tenants[t.metadata.name] = obj
-            return obj
+            return _result(obj, "configured")
 
     def GetTenant(self, request, context):
         self.ep.enter("GetTenant", context)
@@ -227,7 +235,7 @@ class _Deployments(_Base, api_pb2_grpc.DeploymentsServicer):
             obj = api_pb2.Deployment(metadata=_meta(d.metadata.name, self.store, old.metadata if old else None, d.metadata),
                                      spec=d.spec, status=status)
             self.store.deployments[d.metadata.name] = obj
-            return obj
+            return _result(obj, "configured" if old else "created")
 
     def GetDeployment(self, request, context):
         self.ep.enter("GetDeployment", context)
@@ -262,7 +270,7 @@ class _Clusters(_Base, api_pb2_grpc.ClustersServicer):
                                   spec=c.spec,
                                   status=old.status if old else api_pb2.ClusterStatus(schedulable=True))
             self.store.clusters[c.metadata.name] = obj
-            return obj
+            return _result(obj, "configured" if old else "created")
 
     def GetCluster(self, request, context):
         self.ep.enter("GetCluster", context)
@@ -300,10 +308,11 @@ class _Clusters(_Base, api_pb2_grpc.ClustersServicer):
     def RegisterZone(self, request, context):
         self.ep.enter("RegisterZone", context, write=True)
         z = request.zone
+        old = self.store.zones.get(z.metadata.name)
         obj = api_pb2.Zone(metadata=_meta(z.metadata.name, self.store, sent=z.metadata), spec=z.spec,
                            status=api_pb2.ZoneStatus(registered=True))
         self.store.zones[z.metadata.name] = obj
-        return obj
+        return _result(obj, "configured" if old else "created")
 
     def GetZone(self, request, context):
         self.ep.enter("GetZone", context)
@@ -352,12 +361,38 @@ class _Scaling(_Base, api_pb2_grpc.ScalingServicer):
 
     def DryRun(self, request, context):
         self.ep.enter("DryRun", context)
-        d = request.deployment
+        if request.zones or request.clusters or request.tenants or request.deployments:
+            return self._file(request)
+        return self._scaling(request.deployment)
+
+    def _scaling(self, d):
         exists = d.metadata.name in self.store.deployments
         return api_pb2.DryRunResult(
             exists=exists, changes=[api_pb2.FieldChange(field="max_replicas", before="64", after="6")] if exists else [],
             current_replicas=2, target_before=3, target_after=3, warm_pool_after=1, reason_after="stable",
             notes=["tenant a may hold 8 h100"], live_signals=True)
+
+    def _file(self, request):
+        """A whole file (the real server: controlplane/api/file_dryrun.py): every object as it is sent,
+        created or configured; a deployment of an unknown tenant (not in the store or the file) refused."""
+        tenants = set(self.store.tenants) | {t.metadata.name for t in request.tenants}
+        objects = []
+        for kind, items, table in (("Zone", request.zones, self.store.zones),
+                                   ("Cluster", request.clusters, self.store.clusters),
+                                   ("Tenant", request.tenants, self.store.tenants),
+                                   ("Deployment", request.deployments, self.store.deployments)):
+            for msg in items:
+                o = api_pb2.DryRunObject(kind=kind, name=msg.metadata.name)
+                if kind == "Deployment" and msg.spec.tenant not in tenants:
+                    o.error_code, o.error = "NOT_FOUND", f"tenant {msg.spec.tenant!r} not found"
+                else:
+                    obj = getattr(o, kind.lower())
+                    obj.CopyFrom(msg)
+                    obj.metadata.apply_result = "configured" if msg.metadata.name in table else "created"
+                    if kind == "Deployment":
+                        o.scaling.CopyFrom(self._scaling(msg))
+                objects.append(o)
+        return api_pb2.DryRunResult(objects=objects, live_signals=True)
 
     def Watch(self, request, context):
         self.ep.enter("Watch", context)

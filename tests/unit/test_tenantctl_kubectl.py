@@ -243,7 +243,7 @@ def test_scale_retries_when_another_writer_changes_the_deployment(g: RealCtl, mo
         if method == "ApplyDeployment" and writes["n"] < 2:  # another writer wins twice in a row
             writes["n"] += 1
             current = g.admin.deployments.GetDeployment(api_pb2.GetRequest(name="race/job"), timeout=10)
-            current.spec.warm_pool = writes["n"]
+            current.spec.warm_pool = writes["n"] + 1  # a real change (the default 1 would be `unchanged`)
             g.admin.deployments.ApplyDeployment(api_pb2.ApplyDeploymentRequest(deployment=api_pb2.Deployment(
                 metadata=api_pb2.ObjectMeta(name="job"), spec=current.spec)), timeout=10)
         return real_call(self, service, method, request, **kw)
@@ -251,7 +251,7 @@ def test_scale_retries_when_another_writer_changes_the_deployment(g: RealCtl, mo
     monkeypatch.setattr(ApiClient, "call", racing)
     assert ok(g, "scale", "deployment", "race/job", "--replicas", "2") == "deployment/race/job scaled\n"
     spec = _spec(g, "race/job")
-    assert writes["n"] == 2 and (spec.min_replicas, spec.max_replicas, spec.warm_pool) == (2, 2, 2)
+    assert writes["n"] == 2 and (spec.min_replicas, spec.max_replicas, spec.warm_pool) == (2, 2, 3)
 
 
 def test_scale_gives_up_after_bounded_conflicts(g: RealCtl, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -455,7 +455,7 @@ def test_apply_delete_and_dry_run_a_directory(g: RealCtl, tmp_path: Path) -> Non
     out = ok(g, "apply", "-f", str(root))
     assert out.splitlines() == ["tenant/dir created", "tenant/dir2 created"]
     out = ok(g, "apply", "-f", str(root), "-R")
-    assert "deployment/app created" in out and "deployment/db created" in out and "tenant/dir configured" in out
+    assert "deployment/app created" in out and "deployment/db created" in out and "tenant/dir unchanged" in out  # nothing to write
     out = ok(g, "dry-run", "-f", str(root / "nested"), "--recursive")
     assert "deployment/app" in out and "deployment/db" in out
     out = ok(g, "delete", "-f", str(root), "-R", "--wait")  # a tenant goes once its deployments are gone
@@ -511,7 +511,7 @@ def test_yaml_times_json_ms_and_the_round_trip(g: RealCtl) -> None:
         assert isinstance(js["createdMs"], int) and js["creationTimestamp"] == meta["creationTimestamp"]
         before = json.loads(ok(g, "get", kind, name, "-o", "json"))
         out = ok(g, "apply", "-f", "-", stdin=text)
-        assert re.fullmatch(rf"{kind}/{name.split('/')[-1]} (configured|unchanged)\n", out), out
+        assert re.fullmatch(rf"{kind}/{name.split('/')[-1]} unchanged\n", out), out  # nothing to write: it is what is stored
         after = json.loads(ok(g, "get", kind, name, "-o", "json"))
         assert after["spec"] == before["spec"] and after["metadata"]["labels"] == before["metadata"]["labels"]
     status = yaml.safe_load(ok(g, "get", "deployment", "rt/svc", "-o", "yaml")).get("status", {})

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ObjectMeta(_message.Message):
-    __slots__ = ("name", "resource_version", "created_ms", "updated_ms", "labels")
+    __slots__ = ("name", "resource_version", "created_ms", "updated_ms", "labels", "apply_result")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -20,12 +20,14 @@ class ObjectMeta(_message.Message):
     CREATED_MS_FIELD_NUMBER: _ClassVar[int]
     UPDATED_MS_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    APPLY_RESULT_FIELD_NUMBER: _ClassVar[int]
     name: str
     resource_version: int
     created_ms: int
     updated_ms: int
     labels: _containers.ScalarMap[str, str]
-    def __init__(self, name: _Optional[str] = ..., resource_version: _Optional[int] = ..., created_ms: _Optional[int] = ..., updated_ms: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    apply_result: str
+    def __init__(self, name: _Optional[str] = ..., resource_version: _Optional[int] = ..., created_ms: _Optional[int] = ..., updated_ms: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., apply_result: _Optional[str] = ...) -> None: ...
 
 class Condition(_message.Message):
     __slots__ = ("type", "status", "reason", "message", "last_transition_ms")
@@ -159,16 +161,20 @@ class TenantList(_message.Message):
     def __init__(self, items: _Optional[_Iterable[_Union[Tenant, _Mapping]]] = ..., read: _Optional[_Union[ReadInfo, _Mapping]] = ...) -> None: ...
 
 class CreateTenantRequest(_message.Message):
-    __slots__ = ("tenant",)
+    __slots__ = ("tenant", "dry_run")
     TENANT_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
     tenant: Tenant
-    def __init__(self, tenant: _Optional[_Union[Tenant, _Mapping]] = ...) -> None: ...
+    dry_run: bool
+    def __init__(self, tenant: _Optional[_Union[Tenant, _Mapping]] = ..., dry_run: _Optional[bool] = ...) -> None: ...
 
 class UpdateTenantRequest(_message.Message):
-    __slots__ = ("tenant",)
+    __slots__ = ("tenant", "dry_run")
     TENANT_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
     tenant: Tenant
-    def __init__(self, tenant: _Optional[_Union[Tenant, _Mapping]] = ...) -> None: ...
+    dry_run: bool
+    def __init__(self, tenant: _Optional[_Union[Tenant, _Mapping]] = ..., dry_run: _Optional[bool] = ...) -> None: ...
 
 class ScalingPolicy(_message.Message):
     __slots__ = ("target_concurrency", "target_kv_usage", "target_token_utilization", "tolerance", "stable_window_ms", "ewma_half_life_ms", "panic_window_ms", "panic_threshold", "panic_hold_ms", "scale_down_stabilization_ms", "max_step_up", "max_step_down", "scale_down_cooldown_ms", "ttft_slo_weight", "target_queue_p95_ms")
@@ -301,12 +307,14 @@ class DeploymentList(_message.Message):
     def __init__(self, items: _Optional[_Iterable[_Union[Deployment, _Mapping]]] = ..., read: _Optional[_Union[ReadInfo, _Mapping]] = ...) -> None: ...
 
 class ApplyDeploymentRequest(_message.Message):
-    __slots__ = ("deployment", "create_only")
+    __slots__ = ("deployment", "create_only", "dry_run")
     DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
     CREATE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
     deployment: Deployment
     create_only: bool
-    def __init__(self, deployment: _Optional[_Union[Deployment, _Mapping]] = ..., create_only: _Optional[bool] = ...) -> None: ...
+    dry_run: bool
+    def __init__(self, deployment: _Optional[_Union[Deployment, _Mapping]] = ..., create_only: _Optional[bool] = ..., dry_run: _Optional[bool] = ...) -> None: ...
 
 class ClusterSpec(_message.Message):
     __slots__ = ("zone", "region", "capacity", "adapter_address")
@@ -369,10 +377,12 @@ class ClusterList(_message.Message):
     def __init__(self, items: _Optional[_Iterable[_Union[Cluster, _Mapping]]] = ..., read: _Optional[_Union[ReadInfo, _Mapping]] = ...) -> None: ...
 
 class RegisterClusterRequest(_message.Message):
-    __slots__ = ("cluster",)
+    __slots__ = ("cluster", "dry_run")
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
     cluster: Cluster
-    def __init__(self, cluster: _Optional[_Union[Cluster, _Mapping]] = ...) -> None: ...
+    dry_run: bool
+    def __init__(self, cluster: _Optional[_Union[Cluster, _Mapping]] = ..., dry_run: _Optional[bool] = ...) -> None: ...
 
 class ZoneSpec(_message.Message):
     __slots__ = ("region",)
@@ -431,10 +441,12 @@ class ZoneList(_message.Message):
     def __init__(self, items: _Optional[_Iterable[_Union[Zone, _Mapping]]] = ..., read: _Optional[_Union[ReadInfo, _Mapping]] = ...) -> None: ...
 
 class RegisterZoneRequest(_message.Message):
-    __slots__ = ("zone",)
+    __slots__ = ("zone", "dry_run")
     ZONE_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
     zone: Zone
-    def __init__(self, zone: _Optional[_Union[Zone, _Mapping]] = ...) -> None: ...
+    dry_run: bool
+    def __init__(self, zone: _Optional[_Union[Zone, _Mapping]] = ..., dry_run: _Optional[bool] = ...) -> None: ...
 
 class CordonRequest(_message.Message):
     __slots__ = ("name", "cordoned")
@@ -621,10 +633,50 @@ class Event(_message.Message):
     def __init__(self, revision: _Optional[int] = ..., at_ms: _Optional[int] = ..., type: _Optional[str] = ..., kind: _Optional[str] = ..., name: _Optional[str] = ..., tenant: _Optional[str] = ..., deployment: _Optional[str] = ..., from_state: _Optional[str] = ..., to_state: _Optional[str] = ..., event: _Optional[str] = ..., cluster: _Optional[str] = ..., zone: _Optional[str] = ..., replicas: _Optional[int] = ..., warm_pool: _Optional[int] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., served_by: _Optional[str] = ...) -> None: ...
 
 class DryRunRequest(_message.Message):
-    __slots__ = ("deployment",)
+    __slots__ = ("deployment", "zones", "clusters", "tenants", "deployments")
     DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
+    ZONES_FIELD_NUMBER: _ClassVar[int]
+    CLUSTERS_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
+    DEPLOYMENTS_FIELD_NUMBER: _ClassVar[int]
     deployment: Deployment
-    def __init__(self, deployment: _Optional[_Union[Deployment, _Mapping]] = ...) -> None: ...
+    zones: _containers.RepeatedCompositeFieldContainer[Zone]
+    clusters: _containers.RepeatedCompositeFieldContainer[Cluster]
+    tenants: _containers.RepeatedCompositeFieldContainer[Tenant]
+    deployments: _containers.RepeatedCompositeFieldContainer[Deployment]
+    def __init__(self, deployment: _Optional[_Union[Deployment, _Mapping]] = ..., zones: _Optional[_Iterable[_Union[Zone, _Mapping]]] = ..., clusters: _Optional[_Iterable[_Union[Cluster, _Mapping]]] = ..., tenants: _Optional[_Iterable[_Union[Tenant, _Mapping]]] = ..., deployments: _Optional[_Iterable[_Union[Deployment, _Mapping]]] = ...) -> None: ...
+
+class DryRunObject(_message.Message):
+    __slots__ = ("kind", "name", "error_code", "error", "violations", "tenant", "deployment", "cluster", "zone", "scaling")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    VIOLATIONS_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    ZONE_FIELD_NUMBER: _ClassVar[int]
+    SCALING_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    name: str
+    error_code: str
+    error: str
+    violations: _containers.RepeatedCompositeFieldContainer[FieldViolation]
+    tenant: Tenant
+    deployment: Deployment
+    cluster: Cluster
+    zone: Zone
+    scaling: DryRunResult
+    def __init__(self, kind: _Optional[str] = ..., name: _Optional[str] = ..., error_code: _Optional[str] = ..., error: _Optional[str] = ..., violations: _Optional[_Iterable[_Union[FieldViolation, _Mapping]]] = ..., tenant: _Optional[_Union[Tenant, _Mapping]] = ..., deployment: _Optional[_Union[Deployment, _Mapping]] = ..., cluster: _Optional[_Union[Cluster, _Mapping]] = ..., zone: _Optional[_Union[Zone, _Mapping]] = ..., scaling: _Optional[_Union[DryRunResult, _Mapping]] = ...) -> None: ...
+
+class FieldViolation(_message.Message):
+    __slots__ = ("field", "description")
+    FIELD_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    field: str
+    description: str
+    def __init__(self, field: _Optional[str] = ..., description: _Optional[str] = ...) -> None: ...
 
 class FieldChange(_message.Message):
     __slots__ = ("field", "before", "after")
@@ -637,7 +689,7 @@ class FieldChange(_message.Message):
     def __init__(self, field: _Optional[str] = ..., before: _Optional[str] = ..., after: _Optional[str] = ...) -> None: ...
 
 class DryRunResult(_message.Message):
-    __slots__ = ("exists", "changes", "current_replicas", "target_before", "target_after", "warm_pool_after", "reason_after", "message_after", "notes", "live_signals")
+    __slots__ = ("exists", "changes", "current_replicas", "target_before", "target_after", "warm_pool_after", "reason_after", "message_after", "notes", "live_signals", "objects")
     EXISTS_FIELD_NUMBER: _ClassVar[int]
     CHANGES_FIELD_NUMBER: _ClassVar[int]
     CURRENT_REPLICAS_FIELD_NUMBER: _ClassVar[int]
@@ -648,6 +700,7 @@ class DryRunResult(_message.Message):
     MESSAGE_AFTER_FIELD_NUMBER: _ClassVar[int]
     NOTES_FIELD_NUMBER: _ClassVar[int]
     LIVE_SIGNALS_FIELD_NUMBER: _ClassVar[int]
+    OBJECTS_FIELD_NUMBER: _ClassVar[int]
     exists: bool
     changes: _containers.RepeatedCompositeFieldContainer[FieldChange]
     current_replicas: int
@@ -658,7 +711,8 @@ class DryRunResult(_message.Message):
     message_after: str
     notes: _containers.RepeatedScalarFieldContainer[str]
     live_signals: bool
-    def __init__(self, exists: _Optional[bool] = ..., changes: _Optional[_Iterable[_Union[FieldChange, _Mapping]]] = ..., current_replicas: _Optional[int] = ..., target_before: _Optional[int] = ..., target_after: _Optional[int] = ..., warm_pool_after: _Optional[int] = ..., reason_after: _Optional[str] = ..., message_after: _Optional[str] = ..., notes: _Optional[_Iterable[str]] = ..., live_signals: _Optional[bool] = ...) -> None: ...
+    objects: _containers.RepeatedCompositeFieldContainer[DryRunObject]
+    def __init__(self, exists: _Optional[bool] = ..., changes: _Optional[_Iterable[_Union[FieldChange, _Mapping]]] = ..., current_replicas: _Optional[int] = ..., target_before: _Optional[int] = ..., target_after: _Optional[int] = ..., warm_pool_after: _Optional[int] = ..., reason_after: _Optional[str] = ..., message_after: _Optional[str] = ..., notes: _Optional[_Iterable[str]] = ..., live_signals: _Optional[bool] = ..., objects: _Optional[_Iterable[_Union[DryRunObject, _Mapping]]] = ...) -> None: ...
 
 class TokenInfo(_message.Message):
     __slots__ = ("id", "role", "tenant", "created_ms", "expires_ms", "description")

@@ -1088,7 +1088,8 @@ class ScalingServicer:
 
     def DryRun(self, request, context):
         """What applying a deployment spec would do now: changed fields, the target before and after, and
-        quota and capacity consequences. Validates like ApplyDeployment; writes nothing.
+        quota and capacity consequences. Validates like ApplyDeployment; writes nothing. With a whole
+        file (zones, clusters, tenants, deployments) every object is evaluated in order on one copy.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

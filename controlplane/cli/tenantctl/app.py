@@ -20,9 +20,8 @@ from rich.text import Text
 from controlplane.api import manifests as mf
 from controlplane.api.client import ApiClient, ApiError, Notice, Unreachable
 from controlplane.api.v1 import admin_pb2, api_pb2
-from controlplane.cli.tenantctl import conditions
+from controlplane.cli.tenantctl import apply_cmds, conditions, describe, kubectl, render, views
 from controlplane.cli.tenantctl import config as cfgmod
-from controlplane.cli.tenantctl import describe, kubectl, render, views
 from controlplane.config import ConfigError, address_problem
 from controlplane.domain.errors import ControlPlaneError
 
@@ -121,8 +120,9 @@ def build_parser(prog: str = "tenantctl") -> argparse.ArgumentParser:
     a = add("apply", "create or update the objects in files (YAML or JSON)")
     a.add_argument("-f", "--filename", action="append", required=True, metavar="FILE",
                    help="file, directory (its *.yaml, *.yml, *.json) or - for stdin (repeatable)")
-    a.add_argument("--dry-run", action="store_true", help="validate the files only; send nothing")
+    apply_cmds.add_dry_run_flag(a)
     kubectl.add_file_options(a)
+    kubectl.add_file_options(apply_cmds.add_diff(add))
 
     rm = add("delete", "delete objects (KIND NAME, KIND -l SELECTOR, or -f FILE|DIR)")
     rm.add_argument("kind", nargs="?")
@@ -163,7 +163,7 @@ def build_parser(prog: str = "tenantctl") -> argparse.ArgumentParser:
     wh = add("whoami", "who the token says you are")
     _output(wh, ("table", "json", "yaml"))
 
-    dr = add("dry-run", "what applying deployment files would change (nothing is written)")
+    dr = add("dry-run", "what applying files would do, evaluated by the server (nothing is written)")
     dr.add_argument("-f", "--filename", action="append", required=True, metavar="FILE")
     kubectl.add_file_options(dr)
     _output(dr, ("table", "json", "yaml"))
@@ -342,10 +342,12 @@ def report(s: Session, exc: ApiError | Unreachable, what: str, ctx: cfgmod.Conte
                + "; ".join(f"{ep}: {why}" for ep, why in exc.failures))
         code = EXIT_UNREACHABLE
     else:
-        s.warn(f"error: {where}{what}: {exc}")
+        many = len(exc.violations) > 1  # every problem on its own line, each once
+        s.warn(f"error: {where}{what}: "
+               + (f"{exc.endpoint}: {exc.code.name}: {len(exc.violations)} problems" if many else str(exc)))
         for fld, desc in exc.violations:
-            if f"{fld}:" not in exc.message:
-                print(f"  {fld}: {desc}", file=s.err)
+            if many or f"{fld}:" not in exc.message:
+                print(f"  {fld}: {desc}" if fld else f"  {desc}", file=s.err)
         if exc.code is grpc.StatusCode.UNAUTHENTICATED and ctx is not None and ctx.token_source == "none":
             print("  (no token: set token or token_file in the context, --token or $TENANTCTL_TOKEN)", file=s.err)
         code = EXIT_FAILED
@@ -556,40 +558,34 @@ def load_manifests(s: Session, files: Sequence[str]) -> list[mf.Manifest]:
         raise Failed(EXIT_FAILED) from None
 
 
-def _exists(client: ApiClient, kind: str, name: str) -> bool:
-    service, get, _, _ = METHODS[kind]
-    try:
-        obj = client.call(service, get, api_pb2.GetRequest(name=name))
-    except ApiError as exc:
-        if exc.code is grpc.StatusCode.NOT_FOUND:
-            return False
-        raise
-    return not (kind == "Zone" and not obj.status.registered)
-
-
 def apply_one(client: ApiClient, m: mf.Manifest) -> str:
-    """Send one object; returns ``created`` or ``configured``. Raises ApiError / Unreachable."""
+    """Send one object; returns the server's ``metadata.apply_result``: ``created``, ``configured``
+    or ``unchanged`` (nothing written). Raises ApiError / Unreachable."""
+    return str(apply_object(client, m).metadata.apply_result or "configured")
+
+
+def apply_object(client: ApiClient, m: mf.Manifest) -> Any:
+    """Send one object; returns the server's reply: the object as stored, with its conditions and
+    ``metadata.apply_result`` (set to "created" when a CreateTenant answered without one)."""
     msg = m.to_proto()
     if m.kind == "Tenant":
-        if m.resource_version:
-            client.call("Tenants", "UpdateTenant", api_pb2.UpdateTenantRequest(tenant=msg))
-            return "configured"
-        try:
-            client.call("Tenants", "CreateTenant", api_pb2.CreateTenantRequest(tenant=msg), idempotent=False)
-            return "created"
-        except ApiError as exc:
-            if exc.code is not grpc.StatusCode.ALREADY_EXISTS:
-                raise
-        client.call("Tenants", "UpdateTenant", api_pb2.UpdateTenantRequest(tenant=msg))
-        return "configured"
-    existed = _exists(client, m.kind, m.address)
-    if m.kind == "Deployment":
-        client.call("Deployments", "ApplyDeployment", api_pb2.ApplyDeploymentRequest(deployment=msg))
+        if not m.resource_version:
+            try:
+                reply = client.call("Tenants", "CreateTenant", api_pb2.CreateTenantRequest(tenant=msg), idempotent=False)
+                if not reply.metadata.apply_result:
+                    reply.metadata.apply_result = "created"
+                return reply
+            except ApiError as exc:
+                if exc.code is not grpc.StatusCode.ALREADY_EXISTS:
+                    raise
+        reply = client.call("Tenants", "UpdateTenant", api_pb2.UpdateTenantRequest(tenant=msg))
+    elif m.kind == "Deployment":
+        reply = client.call("Deployments", "ApplyDeployment", api_pb2.ApplyDeploymentRequest(deployment=msg))
     elif m.kind == "Cluster":
-        client.call("Clusters", "RegisterCluster", api_pb2.RegisterClusterRequest(cluster=msg))
+        reply = client.call("Clusters", "RegisterCluster", api_pb2.RegisterClusterRequest(cluster=msg))
     else:
-        client.call("Clusters", "RegisterZone", api_pb2.RegisterZoneRequest(zone=msg))
-    return "configured" if existed else "created"
+        reply = client.call("Clusters", "RegisterZone", api_pb2.RegisterZoneRequest(zone=msg))
+    return reply
 
 
 def _sorted(ms: list[mf.Manifest], reverse: bool = False) -> list[mf.Manifest]:
@@ -599,7 +595,9 @@ def _sorted(ms: list[mf.Manifest], reverse: bool = False) -> list[mf.Manifest]:
 
 def cmd_apply(s: Session) -> int:
     objects = _sorted(load_manifests(s, s.args.filename))
-    if s.args.dry_run:
+    if s.args.dry_run == "server":
+        return apply_cmds.server_dry_run(s, objects, scaling=False)
+    if s.args.dry_run == "client":
         for m in objects:
             s.out.write(f"{m.ref} valid (dry run: nothing sent)\n")
         return EXIT_OK
@@ -608,15 +606,15 @@ def cmd_apply(s: Session) -> int:
         prefix = f"{ctx.name}: " if s.multi else ""
         for m in objects:
             try:
-                verb = apply_one(client, m)
+                reply = apply_object(client, m)
             except (ApiError, Unreachable) as exc:
                 report(s, exc, f"{m.where}: apply {m.ref}", ctx, outcome)
                 if isinstance(exc, Unreachable):
                     break
                 continue
-            s.out.write(f"{prefix}{m.ref} {verb}\n")
+            s.out.write(f"{prefix}{m.ref} {reply.metadata.apply_result or 'configured'}\n")
             s.out.flush()
-            conditions.warn_after_apply(s.err, client, m.kind, m.address, METHODS.get(m.kind, ("", ""))[:2])
+            conditions.warn_after_apply(s.err, m.kind, reply)
     return outcome.code
 
 
@@ -659,46 +657,7 @@ def cmd_delete(s: Session) -> int:
 
 
 def cmd_dry_run(s: Session) -> int:
-    objects = load_manifests(s, s.args.filename)
-    others = [m for m in objects if m.kind != "Deployment"]
-    for m in others:
-        s.warn(f"{m.where}: skipped: dry-run evaluates Deployment objects only")
-    outcome = Outcome()
-    results: list[dict[str, Any]] = []
-    for ctx, client in s.each():
-        for m in objects:
-            if m.kind != "Deployment":
-                continue
-            try:
-                r = client.call("Scaling", "DryRun", api_pb2.DryRunRequest(deployment=m.to_proto()))
-            except (ApiError, Unreachable) as exc:
-                report(s, exc, f"{m.where}: dry-run {m.ref}", ctx, outcome)
-                continue
-            if s.args.output != "table":
-                results.append({"context": ctx.name, "object": m.ref, **mf.plain(r)} if s.multi
-                               else {"object": m.ref, **mf.plain(r)})
-                continue
-            _print_dry_run(s, ctx, m, r)
-    if s.args.output != "table":
-        render.dump(s.console, results if len(results) != 1 else results[0], s.args.output)
-    return outcome.code
-
-
-def _print_dry_run(s: Session, ctx: cfgmod.Context, m: mf.Manifest, r: api_pb2.DryRunResult) -> None:
-    head = f"{ctx.name}: " if s.multi else ""
-    verb = ("would change" if r.changes else "unchanged") if r.exists else "would be created"
-    s.console.print(Text(f"{head}{m.ref} {verb} (dry run: nothing was written)", style="bold"))
-    if r.changes:
-        s.console.print(render.make_table(["  FIELD", "BEFORE", "AFTER"],
-                                          [["  " + c.field, c.before or "-", c.after or "-"] for c in r.changes]))
-    s.console.print(Text(f"  replicas now {r.current_replicas}; scaling target {r.target_before} -> "
-                         f"{r.target_after} ({r.reason_after or '-'}); warm pool {r.warm_pool_after}"))
-    if r.message_after:
-        s.console.print(Text(f"  {r.message_after}"))
-    if not r.live_signals:
-        s.console.print(Text("  (no live signals from the lease holder: targets assume no load)"))
-    for note in r.notes:
-        s.console.print(Text(f"  note: {note}"))
+    return apply_cmds.server_dry_run(s, load_manifests(s, s.args.filename), scaling=True)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1051,7 +1010,7 @@ def cmd_completion(s: Session) -> int:
 COMMANDS: dict[str, Callable[[Session], int]] = {
     "get": cmd_get, "describe": cmd_describe, "apply": cmd_apply, "delete": cmd_delete, "explain": cmd_explain,
     "watch": cmd_watch, "events": cmd_events, "cluster": cmd_topology, "zone": cmd_topology, "status": cmd_status,
-    "token": cmd_token, "whoami": cmd_whoami, "dry-run": cmd_dry_run, "config": cmd_config,
+    "token": cmd_token, "whoami": cmd_whoami, "dry-run": cmd_dry_run, "config": cmd_config, "diff": apply_cmds.cmd_diff,
     "completion": cmd_completion, "scale": kubectl.cmd_scale, "edit": kubectl.cmd_edit,
 }
 

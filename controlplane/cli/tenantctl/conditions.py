@@ -51,17 +51,11 @@ def warnings(kind: str, name: str, conditions: Sequence[Any]) -> list[str]:
             for c in conditions if c.type in types and BAD_STATUS.get(c.type) == c.status]
 
 
-def warn_after_apply(err: TextIO, client: Any, kind: str, name: str, get: tuple[str, str]) -> None:
-    """Read back the object just written and warn on ``err`` about what blocks it. A failed read
-    warns nothing (the apply itself succeeded)."""
-    if kind not in WARN_TYPES:
+def warn_after_apply(err: TextIO, kind: str, reply: Any) -> None:
+    """Warn on ``err`` about what blocks the object a write just stored (``reply``: the write's
+    answer, which carries the object's conditions as of the write)."""
+    status = getattr(reply, "status", None)
+    if kind not in WARN_TYPES or status is None:
         return
-    from controlplane.api.v1 import api_pb2
-
-    try:
-        obj = client.call(get[0], get[1], api_pb2.GetRequest(name=name))
-    except Exception:  # noqa: BLE001  (ApiError, Unreachable: only a warning is lost)
-        return
-    label = obj.metadata.name
-    for line in warnings(kind, label, obj.status.conditions):
+    for line in warnings(kind, reply.metadata.name, status.conditions):
         print(line, file=err)
