@@ -90,6 +90,7 @@ from controlplane.domain.tenants import Deployment, Slo
 from controlplane.domain.tokens import MAX_DESCRIPTION, Role, TokenRecord
 from controlplane.domain.topology import Zone
 from controlplane.runtime.clock import wall_ms
+from controlplane.runtime import event_types
 from controlplane.runtime.events import EventsCompacted
 from controlplane.tokens import new_token
 from raft import codec
@@ -114,7 +115,7 @@ HEAVY_WAIT_S = 10.0
 """Longest a watch waits for its turn to read the event log (``api_heavy_concurrency``)."""
 FORWARDED = "cp-forwarded"
 """Metadata on a call one coordinator forwards to another (never forwarded again)."""
-WATCH_KINDS = ("Tenant", "Deployment", "Cluster", "Zone", "Instance", "Decision")
+WATCH_KINDS = ("Tenant", "Deployment", "Cluster", "Zone", "Instance", "Decision", "Breaker", "Lease")
 
 API_SERVICES = ("Tenants", "Deployments", "Clusters", "Scaling", "Tokens")
 SERVICE_NAMES = tuple(api_pb2.DESCRIPTOR.services_by_name[s].full_name for s in API_SERVICES) + (
@@ -882,7 +883,7 @@ def _event_to_proto(ev: Any, served_by: str) -> api_pb2.Event:
         revision=ev.revision, at_ms=ev.at_ms, type=ev.type, kind=ev.kind, name=name, tenant=ev.tenant,
         deployment=local_name(ev.deployment), from_state=ev.from_state, to_state=ev.to_state, event=ev.event,
         cluster=ev.cluster, zone=ev.zone, replicas=ev.replicas, warm_pool=ev.warm_pool, reason=ev.reason,
-        message=ev.message, served_by=served_by,
+        message=ev.message, served_by=served_by, significant=ev.significant,
     )
 
 
@@ -892,8 +893,14 @@ _DEPLOYMENT_NAMED = ("Deployment", "Decision")
 
 def event_filter(p: Principal, request: api_pb2.WatchRequest) -> Callable[[Any], bool]:
     """Which events a watch sends: the principal's tenant only (cluster and zone events, which carry
-    no tenant, are for admins), then the request's deployment / tenant / kinds filters."""
+    no tenant, are for admins), then the request's deployment / tenant / kinds filters, then its
+    ``all`` / ``types`` (by default the significant events only: :mod:`controlplane.runtime.event_types`)."""
     kinds = frozenset(request.kinds)
+    try:
+        selected = event_types.selector(request.all, event_types.parse_types(request.types))
+    except ValueError as exc:
+        field, _, problem = str(exc).partition(": ")
+        raise cv.invalid(field, problem) from None
     tenant = request.tenant if p.is_admin else p.tenant
     if not p.sees_tenant(request.tenant or p.tenant):
         return lambda ev: False  # another tenant's events do not exist for this principal
@@ -912,7 +919,7 @@ def event_filter(p: Principal, request: api_pb2.WatchRequest) -> Callable[[Any],
         if kinds and ev.kind not in kinds:
             return False
         named = ev.kind in _DEPLOYMENT_NAMED and ev.name in ids
-        return not ids or ev.deployment in ids or named
+        return (not ids or ev.deployment in ids or named) and selected(ev)
 
     return match
 

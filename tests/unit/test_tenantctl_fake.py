@@ -18,6 +18,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from controlplane.api.v1 import admin_pb2, admin_pb2_grpc, api_pb2, api_pb2_grpc
+from controlplane.runtime import event_types
 
 ADMIN_TOKEN = "cp_aaaaaaaaaaaa_" + "A" * 43
 TENANT_TOKEN = "cp_bbbbbbbbbbbb_" + "B" * 43
@@ -101,6 +102,7 @@ class FakeGroup:
     def emit(self, **kw) -> api_pb2.Event:
         with self.store.lock:
             rev = kw.pop("revision", None) or self.store.bump()
+            kw.setdefault("significant", True)  # as the real server marks all but Busy flips and no-op decisions
             e = api_pb2.Event(revision=rev, **kw)
             self.store.events.append(e)
         return e
@@ -357,6 +359,8 @@ class _Scaling(_Base, api_pb2_grpc.ScalingServicer):
             if request.deployment and e.deployment != request.deployment:
                 continue
             if request.kinds and e.kind not in request.kinds:
+                continue
+            if not event_types.selector(request.all, event_types.parse_types(request.types))(e):
                 continue
             if self.ep.break_after is not None and sent >= self.ep.break_after:
                 context.abort(grpc.StatusCode.UNAVAILABLE, "node shutting down")

@@ -22,6 +22,8 @@ from controlplane.api.client import ApiClient, ApiError, Notice, Unreachable
 from controlplane.api.v1 import admin_pb2, api_pb2
 from controlplane.cli.tenantctl import config as cfgmod
 from controlplane.cli.tenantctl import render
+from controlplane.cli.tenantctl import flags
+from controlplane.cli.tenantctl.flags import FlagError, watch_types
 from controlplane.config import ConfigError, address_problem
 from controlplane.domain.errors import ControlPlaneError
 
@@ -135,7 +137,7 @@ def build_parser(prog: str = "tenantctl") -> argparse.ArgumentParser:
 
     ev = add("events", "retained events (transitions, decisions, changes) as a table")
     _event_filters(ev)
-    ev.add_argument("--limit", type=int, default=0, help="only the last N")
+    ev.add_argument("--limit", type=int, default=None, help="only the last N (>= 1)")
     _output(ev, ("table", "json", "yaml"))
 
     for kind in ("cluster", "zone"):
@@ -177,8 +179,14 @@ def _event_filters(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deployment", default="", help="only this deployment's events")
     p.add_argument("--tenant", default="", help="admins: only this tenant's events")
     p.add_argument("--kind", action="append", default=[], metavar="KIND",
-                   help="Tenant, Deployment, Cluster, Zone, Instance or Decision (repeatable)")
+                   help="Tenant, Deployment, Cluster, Zone, Instance, Decision, Breaker or Lease (repeatable)")
     p.add_argument("--since", type=int, default=None, metavar="REVISION", help="start after this revision")
+    p.add_argument("--all", action="store_true", dest="all_events",
+                   help="every event (default: the significant ones: no Ready <-> Busy flips, no decision that "
+                        "changed no count)")
+    p.add_argument("--type", action="append", default=[], metavar="TYPE", dest="types",
+                   help="only these types, significant or not: decision, lifecycle, preemption, breaker, lease, "
+                        "object, busy (repeatable)")
 
 
 def _token_commands(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
@@ -786,14 +794,15 @@ def _print_explain(s: Session, exp: api_pb2.Explanation) -> None:
 
 def _watch_request(s: Session, once: bool) -> api_pb2.WatchRequest:
     valid = {"tenant": "Tenant", "deployment": "Deployment", "cluster": "Cluster", "zone": "Zone",
-             "instance": "Instance", "decision": "Decision"}
+             "instance": "Instance", "decision": "Decision", "breaker": "Breaker", "lease": "Lease"}
     kinds = []
     for k in s.args.kind:
         norm = valid.get(k.lower().rstrip("s"))
         if norm is None:
             raise UsageError(f"--kind: {k!r} is not one of {', '.join(valid.values())}")
         kinds.append(norm)
-    req = api_pb2.WatchRequest(deployment=s.args.deployment, tenant=s.args.tenant, kinds=kinds, once=once)
+    req = api_pb2.WatchRequest(deployment=s.args.deployment, tenant=s.args.tenant, kinds=kinds, once=once,
+                               all=s.args.all_events, types=watch_types(s.args.types, s.args.all_events))
     if s.args.since is not None:
         if s.args.since < 0:
             raise UsageError("--since: must be >= 0")
@@ -802,8 +811,6 @@ def _watch_request(s: Session, once: bool) -> api_pb2.WatchRequest:
 
 
 def cmd_events(s: Session) -> int:
-    if s.args.limit < 0:
-        raise UsageError("--limit: must be >= 0")
     req = _watch_request(s, once=True)
     outcome = Outcome()
     collected: list[tuple[cfgmod.Context, api_pb2.Event]] = []
@@ -1089,10 +1096,11 @@ def run(argv: Sequence[str] | None, *, parser: argparse.ArgumentParser | None = 
         return EXIT_OK
     s = Session(args, out, err, stdin or sys.stdin, channel_factory, sleep)
     try:
+        flags.check(args)
         return COMMANDS[args.command](s)
     except Failed as exc:
         return exc.code
-    except UsageError as exc:
+    except (UsageError, FlagError) as exc:
         print(f"tenantctl: error: {exc}", file=err)
         return EXIT_USAGE
     except ConfigError as exc:
