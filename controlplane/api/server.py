@@ -71,6 +71,7 @@ from controlplane.api.auth import (
     same_shape_handler,
 )
 from controlplane.api.channel import channel_options
+from controlplane.api.token_settle import TokenSettle
 from controlplane.api.v1 import admin_pb2, admin_pb2_grpc, api_pb2, api_pb2_grpc
 from controlplane.config import CoordinatorConfig
 from controlplane.domain import commands as c
@@ -328,7 +329,8 @@ class ApiCore:
         self.node = node
         self.holder = holder
         self.now_ms = now_ms
-        self.auth = Authenticator(lambda: getattr(self.node.state_copy(), "tokens", {}), now_ms, self.caught_up)
+        self.auth = Authenticator(lambda: getattr(self.node.state_copy(), "tokens", {}), now_ms, self.caught_up,
+                                  TokenSettle(node))
         self.stopping = threading.Event()
         self.gate = lim.Gate(lim.CallLimits.of(cfg), cfg.node_id)
         """In-flight watches and calls per tenant (applied by :class:`~controlplane.api.limits.LimitsInterceptor`)."""

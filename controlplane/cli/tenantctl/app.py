@@ -19,7 +19,7 @@ from rich.text import Text
 
 from controlplane.api import manifests as mf
 from controlplane.api.client import ApiClient, ApiError, Notice, Unreachable
-from controlplane.api.v1 import admin_pb2, api_pb2
+from controlplane.api.v1 import api_pb2
 from controlplane.cli.tenantctl import config as cfgmod
 from controlplane.cli.tenantctl import render
 from controlplane.cli.tenantctl import flags
@@ -148,8 +148,8 @@ def build_parser(prog: str = "tenantctl") -> argparse.ArgumentParser:
             x = csub.add_parser(op, help=text, parents=[common])
             x.add_argument("name")
 
-    st = add("status", "coordinators of the context(s): role, leader, lease, indexes")
-    _output(st, ("table", "json", "yaml"))
+    st = add("status", "coordinators of the context(s): pid, role, leader, lease, indexes (-o wide: more)")
+    _output(st, ("table", "wide", "json", "yaml"))
 
     tk = add("token", "API tokens: create, list, revoke (admins)")
     _token_commands(tk, common)
@@ -940,42 +940,9 @@ def cmd_topology(s: Session) -> int:
 
 
 def cmd_status(s: Session) -> int:
-    rows = []
-    data = []
-    answered = total = 0
-    for ctx, client in s.each():
-        for ep, reply in client.each_endpoint("Admin", "Status", admin_pb2.StatusRequest(), timeout_s=s.opt("timeout") or 3.0):
-            total += 1
-            if isinstance(reply, (ApiError, Unreachable)):
-                why = "; ".join(w for _, w in reply.failures) if isinstance(reply, Unreachable) else \
-                    f"{reply.code.name}: {reply.message}"
-                if isinstance(reply, ApiError):
-                    answered += 1
-                rows.append([ctx.name, ep, "-", "-", "unreachable" if isinstance(reply, Unreachable) else "error",
-                             "-", "-", "-", "-", "-", why])
-                data.append({"context": ctx.name, "endpoint": ep, "reachable": False, "error": why})
-                continue
-            answered += 1
-            lease = f"{reply.lease_holder or '-'}@{reply.lease_epoch}"
-            if reply.lease_remaining_ms:
-                lease += f" ({reply.lease_remaining_ms} ms left)"
-            rows.append([ctx.name, ep, reply.node_id, reply.zone, reply.role, str(reply.term), reply.leader_id or "-",
-                         lease, str(reply.commit_index), str(reply.applied_index), reply.version])
-            from controlplane.api.admin import from_proto
+    from controlplane.cli.tenantctl.status_cmd import cmd_status as status
 
-            data.append({"context": ctx.name, "endpoint": ep, "reachable": True, **from_proto(reply)})
-    if s.args.output != "table":
-        render.dump(s.console, data, s.args.output)
-    else:
-        headers = ["CONTEXT", "ENDPOINT", "NODE", "ZONE", "ROLE", "TERM", "LEADER", "LEASE", "COMMIT", "APPLIED",
-                   "VERSION"]
-        if not s.multi:
-            headers, rows = headers[1:], [r[1:] for r in rows]
-        s.console.print(render.make_table(headers, rows))
-    ok = sum(1 for d in data if d["reachable"])
-    if answered == 0:
-        return EXIT_UNREACHABLE
-    return EXIT_OK if ok == total else EXIT_FAILED
+    return status(s)
 
 
 def cmd_token(s: Session) -> int:
