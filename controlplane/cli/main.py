@@ -51,6 +51,11 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--nodes", type=int, default=3, help="coordinators, one per simulated zone (default 3)")
     up.add_argument("--dir", metavar="DIR", help="where configs and data go (default: a new temporary folder)")
     up.add_argument("--json", action="store_true", help="print the endpoints as one JSON object")
+    up.add_argument("--keep", action="store_true",
+                    help="keep the state folder on exit (it holds the admin token and the CA key; default: removed "
+                         "unless --dir was given)")
+    up.add_argument("--no-restart", dest="restart", action="store_false",
+                    help="do not restart a coordinator that dies (print the command to start it by hand)")
 
     st = sub.add_parser("status", help="print the status of coordinators")
     st.add_argument("--endpoints", metavar="HOST:PORT,...",
@@ -275,7 +280,7 @@ def _up(args: argparse.Namespace) -> int:
 
     if not 1 <= args.nodes <= MAX_NODES:
         raise ControlPlaneError(f"--nodes: must be between 1 and {MAX_NODES}, got {args.nodes}")
-    return run_up(args.nodes, args.json, args.dir)
+    return run_up(args.nodes, args.json, args.dir, keep=args.keep, restart=args.restart)
 
 
 def _status(args: argparse.Namespace) -> int:

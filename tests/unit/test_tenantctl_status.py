@@ -90,3 +90,20 @@ def test_nonsensical_flags_are_usage_errors(rc: RealCtl, flags: tuple[str, ...])
     code, out, err = rc.ctl(*flags)
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith("tenantctl: error: --"), err
+
+
+def test_controlplane_status_honours_tenantctl_config(rc: RealCtl, monkeypatch, capsys) -> None:
+    from controlplane.cli.main import main
+
+    monkeypatch.setenv("TENANTCTL_CONFIG", str(rc.config))
+    monkeypatch.delenv("TENANTCTL_TOKEN", raising=False)
+    assert main(["status", "--json"]) == 0
+    [node] = json.loads(capsys.readouterr().out)
+    assert node["endpoint"] == rc.endpoint and node["reachable"] and node["pid"] == os.getpid()
+    assert main(["status"]) == 0
+    line = capsys.readouterr().out
+    assert line.startswith(rc.endpoint) and f"pid {os.getpid()}" in line
+    monkeypatch.setenv("TENANTCTL_CONFIG", str(rc.base / "missing.yaml"))
+    assert main(["status"]) == 2
+    assert "missing.yaml does not exist" in capsys.readouterr().err
+    assert main(["status", "--timeout", "-1", "--endpoints", rc.endpoint]) == 2
