@@ -116,10 +116,11 @@ class Authenticator:
     def of_token(self, token: str | None) -> Principal:
         """The principal ``token`` stands for; raises :class:`Unauthenticated` or :class:`CatchingUp`.
         A well-formed token whose id this replica does not know yet is given ``settle`` (a token created
-        a moment ago on another coordinator may not have been applied here)."""
+        a moment ago on another coordinator may not have been applied here); the refusal stands if it
+        is still unknown after that."""
         try:
             return authenticate(token, self._tokens(), self._now_ms(), self._caught_up)
-        except Unauthenticated:
+        except (Unauthenticated, CatchingUp):
             parsed = parse_token(token) if token else None
             if self._settle is None or parsed is None or parsed[0] in self._tokens():
                 raise

@@ -19,8 +19,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-DEFAULT_WAIT_S = 0.5
-"""A dozen of the leader's appends (``append_entries_period_ms`` is 40 by default)."""
+DEFAULT_WAIT_S = 1.0
+"""Some twenty-five of the leader's appends (``append_entries_period_ms`` is 40 by default): ample on a
+loaded machine too."""
 DEFAULT_MAX_WAITERS = 4
 _STEP_S = 0.05
 

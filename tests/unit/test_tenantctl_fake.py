@@ -51,6 +51,8 @@ class Endpoint:
         self.group = group
         self.node_id = node_id
         self.leaderless_hint: str | None = None
+        self.lagging = False
+        """Refuse every token UNAUTHENTICATED (a node that has not applied the tokens yet)."""
         self.break_after: int | None = None
         self.on_watch: list = []
         """Callables run (once each) when a watch starts on this endpoint."""
@@ -77,7 +79,7 @@ class Endpoint:
         meta = dict(context.invocation_metadata())
         auth = meta.get("authorization", "")
         token = auth.removeprefix("Bearer ")
-        if token not in (ADMIN_TOKEN, TENANT_TOKEN):
+        if token not in (ADMIN_TOKEN, TENANT_TOKEN) or self.lagging:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or unknown token")
         if self.leaderless_hint is not None and method != "Status":
             if self.leaderless_hint:
