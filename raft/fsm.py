@@ -24,7 +24,9 @@ our own file format and :func:`raft.codec.encode_state`; no pickle in the snapsh
 
 Change events: the FSM owns an :class:`~controlplane.runtime.events.EventLog` (``events``) and
 records every applied domain entry into it under ``_lock``; a snapshot install resets it to the
-installed state's revision (the events before it are not known here).
+installed state's revision (the events before it are not known here). A lease entry that changes the
+holder or the epoch (an acquisition, a release; not a renewal) counts as one applied command
+(``ControlState.applied`` + 1) and records a ``Lease`` event at that revision.
 
 Thread safety: ``apply_entry`` and the snapshot hooks run in the tick thread and take ``_lock``;
 readers (:meth:`state_copy`, :meth:`lease_view`) take the same lock and get a copy (dict tables are
@@ -48,7 +50,7 @@ from typing import Any
 from pysyncobj import SyncObjConsumer, replicated
 
 from controlplane.domain.state import ApplyResult, ControlState, apply
-from controlplane.runtime.events import EventLog, capture
+from controlplane.runtime.events import EventLog, capture, lease_event
 from raft import codec
 from raft.lease import AcquireLease, LeaseOutcome, LeaseRecord, ReleaseLease, RenewLease, apply_lease
 
@@ -148,9 +150,19 @@ class ControlFsm(SyncObjConsumer):
     def _apply_lease(self, cmd: AcquireLease | RenewLease | ReleaseLease, log_index: int) -> LeaseOutcome:
         out = apply_lease(self._lease, cmd, log_index)
         if out.ok and out.record.version != self._lease.version:
+            before = self._lease
             self._lease = out.record
             self._t_obs_ms = self._clock_ms()
             self._stats["lease_changes"] += 1
+            if (before.holder, before.epoch) != (out.record.holder, out.record.epoch):
+                # A change of holder or epoch (not a renewal) is a revision of its own, so that its
+                # Lease event resumes exactly like any other (deterministic: every replica counts it).
+                self._state.applied += 1
+                self._change += 1
+                try:
+                    self.events.record_lease(lease_event(before, out.record, self._state.applied), self._state.applied)
+                except Exception:  # a bug in event derivation must not change the entry's result
+                    log.exception("recording the lease event of entry %d failed", log_index)
         return out
 
     # --- readers (any thread) ---------------------------------------------------------------------

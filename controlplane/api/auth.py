@@ -104,14 +104,30 @@ class Authenticator:
     """Authenticates calls against ``tokens()`` (the local replica's token table) at ``now_ms()``."""
 
     def __init__(self, tokens: Callable[[], Mapping[str, TokenRecord]], now_ms: Callable[[], int],
-                 caught_up: Callable[[], bool] | None = None) -> None:
+                 caught_up: Callable[[], bool] | None = None,
+                 settle: Callable[[Callable[[], bool]], bool] | None = None) -> None:
         self._tokens = tokens
         self._now_ms = now_ms
         self._caught_up = caught_up
+        self._settle = settle
+        """``settle(known)``: wait (bounded) for entries already committed elsewhere until ``known()``
+        is true; True if it became true (:class:`controlplane.api.token_settle.TokenSettle`)."""
 
     def of_token(self, token: str | None) -> Principal:
-        """The principal ``token`` stands for; raises :class:`Unauthenticated` or :class:`CatchingUp`."""
-        return authenticate(token, self._tokens(), self._now_ms(), self._caught_up)
+        """The principal ``token`` stands for; raises :class:`Unauthenticated` or :class:`CatchingUp`.
+        A well-formed token whose id this replica does not know yet is given ``settle`` (a token created
+        a moment ago on another coordinator may not have been applied here); the refusal stands if it
+        is still unknown after that."""
+        try:
+            return authenticate(token, self._tokens(), self._now_ms(), self._caught_up)
+        except (Unauthenticated, CatchingUp):
+            parsed = parse_token(token) if token else None
+            if self._settle is None or parsed is None or parsed[0] in self._tokens():
+                raise
+            token_id = parsed[0]
+            if not self._settle(lambda: token_id in self._tokens()):
+                raise
+            return authenticate(token, self._tokens(), self._now_ms(), self._caught_up)
 
     def principal(self, context: grpc.ServicerContext) -> Principal:
         """The caller's principal; raises :class:`Unauthenticated`."""

@@ -3,6 +3,8 @@
 * Calls go to the endpoint that answered last (the first one at start). A connection failure moves on
   to the next endpoint; ``UNAVAILABLE`` with a ``leader-hint`` trailing metadata retries once at that
   address, then moves on.
+* ``UNAUTHENTICATED`` is checked with one other endpoint before it is believed (a token created a
+  moment ago may not have been applied by a lagging coordinator yet; the call did not run there).
 * A write whose outcome is unknown (``cp-outcome: unknown``) is retried elsewhere only when it is
   idempotent (upserts, deletes, reads); a create is not retried: :class:`ApiError` says so.
 * :meth:`ApiClient.watch` resumes a broken ``Scaling.Watch`` stream on another endpoint with
@@ -21,6 +23,7 @@ from typing import Any, Self
 
 import grpc
 
+from controlplane.api import tls_errors
 from controlplane.api.channel import open_channel
 from controlplane.api.v1 import admin_pb2_grpc, api_pb2, api_pb2_grpc
 
@@ -156,6 +159,9 @@ class ApiClient:
             raise ValueError("endpoints: give at least one host:port")
         self.endpoints = list(dict.fromkeys(endpoints))
         self.timeout_s = timeout_s
+        self.tls = bool(ca_file) or channel_factory is not None
+        self.ca_file = ca_file
+        self.server_name = server_name
         self._factory = channel_factory or (lambda ep: open_channel(
             ep, ca_file=ca_file, token=token, cert_file=cert_file, key_file=key_file, server_name=server_name))
         self._channels: dict[str, grpc.Channel] = {}
@@ -188,6 +194,11 @@ class ApiClient:
         if endpoint in self.endpoints:
             self._preferred = self.endpoints.index(endpoint)
 
+    def why(self, endpoint: str, exc: grpc.RpcError) -> str:
+        """A transport failure in one line (:func:`controlplane.api.tls_errors.reason`)."""
+        return tls_errors.reason(_details(exc), _code(exc).name, tls=self.tls, ca_file=self.ca_file,
+                                 server_name=self.server_name, host=endpoint.rsplit(":", 1)[0])
+
     def _error(self, endpoint: str, exc: grpc.RpcError) -> ApiError:
         return ApiError(endpoint, _code(exc), _details(exc) or _code(exc).name.lower(), _violations(exc), _metadata(exc))
 
@@ -198,7 +209,7 @@ class ApiClient:
         """``service.method(request)`` on the first endpoint that answers (or only ``endpoint``)."""
         pending = [endpoint] if endpoint else self._order()
         tried: set[str] = set()
-        hinted = False
+        hinted = auth_retried = False
         failures: list[tuple[str, str]] = []
         answered: ApiError | None = None
         while pending:
@@ -210,9 +221,16 @@ class ApiClient:
                 reply = getattr(self._stub(service, ep), method)(request, timeout=timeout_s or self.timeout_s)
             except grpc.RpcError as exc:
                 if is_transport_failure(exc):
-                    failures.append((ep, _details(exc) or _code(exc).name))
+                    failures.append((ep, self.why(ep, exc)))
                     continue
                 err = self._error(ep, exc)
+                if err.code is grpc.StatusCode.UNAUTHENTICATED and endpoint is None and not auth_retried \
+                        and len(self.endpoints) > 1:
+                    # A token created a moment ago may not have reached this coordinator yet: the call
+                    # did not run here, so one other endpoint is asked before believing the refusal.
+                    auth_retried = True
+                    answered = err
+                    continue
                 if err.code is not grpc.StatusCode.UNAVAILABLE:
                     raise err from None
                 if err.outcome_unknown and not idempotent:
@@ -274,8 +292,7 @@ class ApiClient:
                     return  # the server ended the stream (a `once` watch)
                 except grpc.RpcError as exc:
                     if is_transport_failure(exc) and _code(exc) is not grpc.StatusCode.DEADLINE_EXCEEDED:
-                        why = _details(exc) or _code(exc).name
-                        failures.append((ep, why))
+                        failures.append((ep, self.why(ep, exc)))
                     else:
                         err = self._error(ep, exc)
                         if err.code is grpc.StatusCode.OUT_OF_RANGE and cursor.resumed:

@@ -59,6 +59,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from controlplane.api import conditions as conds
+from controlplane.api import redact
 from controlplane.api import convert as cv
 from controlplane.api import limits as lim
 from controlplane.api import file_dryrun, names, writes
@@ -75,6 +76,7 @@ from controlplane.api.auth import (
 )
 from controlplane.api.channel import channel_options
 from controlplane.api.selection import selected
+from controlplane.api.token_settle import TokenSettle
 from controlplane.api.v1 import admin_pb2, admin_pb2_grpc, api_pb2, api_pb2_grpc
 from controlplane.config import CoordinatorConfig
 from controlplane.domain import commands as c
@@ -94,6 +96,7 @@ from controlplane.domain.tenants import Deployment, Slo
 from controlplane.domain.tokens import MAX_DESCRIPTION, Role, TokenRecord
 from controlplane.domain.topology import Zone
 from controlplane.runtime.clock import wall_ms
+from controlplane.runtime import event_types
 from controlplane.runtime.events import EventsCompacted
 from controlplane.tokens import new_token
 from raft import codec
@@ -118,7 +121,7 @@ HEAVY_WAIT_S = 10.0
 """Longest a watch waits for its turn to read the event log (``api_heavy_concurrency``)."""
 FORWARDED = "cp-forwarded"
 """Metadata on a call one coordinator forwards to another (never forwarded again)."""
-WATCH_KINDS = ("Tenant", "Deployment", "Cluster", "Zone", "Instance", "Decision")
+WATCH_KINDS = ("Tenant", "Deployment", "Cluster", "Zone", "Instance", "Decision", "Breaker", "Lease")
 
 API_SERVICES = ("Tenants", "Deployments", "Clusters", "Scaling", "Tokens")
 SERVICE_NAMES = tuple(api_pb2.DESCRIPTOR.services_by_name[s].full_name for s in API_SERVICES) + (
@@ -334,7 +337,8 @@ class ApiCore:
         self.node = node
         self.holder = holder
         self.now_ms = now_ms
-        self.auth = Authenticator(lambda: getattr(self.node.state_copy(), "tokens", {}), now_ms, self.caught_up)
+        self.auth = Authenticator(lambda: getattr(self.node.state_copy(), "tokens", {}), now_ms, self.caught_up,
+                                  TokenSettle(node))
         self.stopping = threading.Event()
         self.gate = lim.Gate(lim.CallLimits.of(cfg), cfg.node_id)
         """In-flight watches and calls per tenant (applied by :class:`~controlplane.api.limits.LimitsInterceptor`)."""
@@ -604,8 +608,9 @@ class DeploymentsServicer(api_pb2_grpc.DeploymentsServicer):
     def __init__(self, core: ApiCore) -> None:
         self.core = core
 
-    def _decided(self, state: ControlState, deployment_id: str) -> str:
-        return conds.decision_message(getattr(self.core.node, "events", None), state, deployment_id)
+    def _decided(self, state: ControlState, deployment_id: str, p: Principal) -> str:
+        """The message of the decision that set the deployment's count, as ``p`` may read it."""
+        return redact.for_principal(p, conds.decision_message(getattr(self.core.node, "events", None), state, deployment_id))
 
     @_guarded
     def ApplyDeployment(self, request: api_pb2.ApplyDeploymentRequest, context: grpc.ServicerContext) -> api_pb2.Deployment:
@@ -630,13 +635,13 @@ class DeploymentsServicer(api_pb2_grpc.DeploymentsServicer):
                            dry_run=request.dry_run, limit="api_max_deployments_per_tenant")
         except ApiError as err:
             raise named_as_sent(err, target[0], name) from None
-        return writes.reply(self.core, context, w, lambda st: self._deployment_of(st, target[0], name))
+        return writes.reply(self.core, context, w, lambda st: self._deployment_of(st, target[0], name, p))
 
-    def _deployment_of(self, state: ControlState, ident: str, name: str) -> api_pb2.Deployment:
+    def _deployment_of(self, state: ControlState, ident: str, name: str, p: Principal) -> api_pb2.Deployment:
         got = state.deployments.get(ident)
         if got is None:
             raise not_found("deployment", name)
-        return cv.deployment_to_proto(state, got, decision_message=self._decided(state, got.id))
+        return cv.deployment_to_proto(state, got, decision_message=self._decided(state, got.id, p))
 
     @_guarded
     def GetDeployment(self, request: api_pb2.GetRequest, context: grpc.ServicerContext) -> api_pb2.Deployment:
@@ -644,7 +649,7 @@ class DeploymentsServicer(api_pb2_grpc.DeploymentsServicer):
         ref = names.request_ref(p, request.name, "name")
         state, _ = self.core.read(context, request.read)
         d = _visible_deployment(state, p, ref, request.name)
-        return cv.deployment_to_proto(state, d, decision_message=self._decided(state, d.id))
+        return cv.deployment_to_proto(state, d, decision_message=self._decided(state, d.id, p))
 
     @_guarded
     def ListDeployments(self, request: api_pb2.ListRequest, context: grpc.ServicerContext) -> api_pb2.DeploymentList:
@@ -653,7 +658,7 @@ class DeploymentsServicer(api_pb2_grpc.DeploymentsServicer):
             cv.check_name(request.tenant, "tenant")
         state, info = self.core.read(context, request.read)
         items = [
-            cv.deployment_to_proto(state, d, instances=False, decision_message=self._decided(state, d.id))
+            cv.deployment_to_proto(state, d, instances=False, decision_message=self._decided(state, d.id, p))
             for d in sorted(state.deployments.values(), key=lambda d: (d.tenant, local_name(d.id)))
             if p.sees_tenant(d.tenant) and (not request.tenant or d.tenant == request.tenant)
         ]
@@ -866,9 +871,9 @@ class ClustersServicer(api_pb2_grpc.ClustersServicer):
 # --- Scaling ----------------------------------------------------------------------------------------------------
 
 
-def _decision_to_proto(ev: Any) -> api_pb2.Decision:
+def _decision_to_proto(ev: Any, p: Principal) -> api_pb2.Decision:
     return api_pb2.Decision(revision=ev.revision, at_ms=ev.at_ms, replicas=ev.replicas, warm_pool=ev.warm_pool,
-                            reason=ev.reason, message=ev.message)
+                            reason=ev.reason, message=redact.for_principal(p, ev.message))
 
 
 def _event_to_proto(ev: Any, served_by: str) -> api_pb2.Event:
@@ -878,7 +883,7 @@ def _event_to_proto(ev: Any, served_by: str) -> api_pb2.Event:
         revision=ev.revision, at_ms=ev.at_ms, type=ev.type, kind=ev.kind, name=name, tenant=ev.tenant,
         deployment=local_name(ev.deployment), from_state=ev.from_state, to_state=ev.to_state, event=ev.event,
         cluster=ev.cluster, zone=ev.zone, replicas=ev.replicas, warm_pool=ev.warm_pool, reason=ev.reason,
-        message=ev.message, served_by=served_by,
+        message=ev.message, served_by=served_by, significant=ev.significant,
     )
 
 
@@ -888,8 +893,14 @@ _DEPLOYMENT_NAMED = ("Deployment", "Decision")
 
 def event_filter(p: Principal, request: api_pb2.WatchRequest) -> Callable[[Any], bool]:
     """Which events a watch sends: the principal's tenant only (cluster and zone events, which carry
-    no tenant, are for admins), then the request's deployment / tenant / kinds filters."""
+    no tenant, are for admins), then the request's deployment / tenant / kinds filters, then its
+    ``all`` / ``types`` (by default the significant events only: :mod:`controlplane.runtime.event_types`)."""
     kinds = frozenset(request.kinds)
+    try:
+        selected = event_types.selector(request.all, event_types.parse_types(request.types))
+    except ValueError as exc:
+        field, _, problem = str(exc).partition(": ")
+        raise cv.invalid(field, problem) from None
     tenant = request.tenant if p.is_admin else p.tenant
     if not p.sees_tenant(request.tenant or p.tenant):
         return lambda ev: False  # another tenant's events do not exist for this principal
@@ -908,7 +919,7 @@ def event_filter(p: Principal, request: api_pb2.WatchRequest) -> Callable[[Any],
         if kinds and ev.kind not in kinds:
             return False
         named = ev.kind in _DEPLOYMENT_NAMED and ev.name in ids
-        return not ids or ev.deployment in ids or named
+        return (not ids or ev.deployment in ids or named) and selected(ev)
 
     return match
 
@@ -937,7 +948,7 @@ class ScalingServicer(api_pb2_grpc.ScalingServicer):
         if desired is not None:
             out.desired_replicas = desired.replicas
             out.desired_warm_pool = desired.warm_pool
-        out.history.extend(_decision_to_proto(ev) for ev in self._events().decisions(d.id, limit))
+        out.history.extend(_decision_to_proto(ev, p) for ev in self._events().decisions(d.id, limit))
         if self.core.holds_lease():
             out.lease_holder = self.core.cfg.node_id
             live = self.core.holder.live_decision(d.id) if self.core.holder is not None else None
@@ -975,10 +986,11 @@ class ScalingServicer(api_pb2_grpc.ScalingServicer):
         me = self.core.cfg.node_id
         # The watch limits (per tenant and in total, once-watches included) are applied by
         # limits.LimitsInterceptor before this runs.
-        if request.once:
-            yield from self._once(events, request, match, me)
-            return
-        yield from self._live(events, request, match, context, me)
+        stream = self._once(events, request, match, me) if request.once else self._live(events, request, match, context, me)
+        for ev in stream:
+            if ev.message and not p.is_admin:  # other tenants stay unnamed (redact.py)
+                ev.message = redact.for_principal(p, ev.message)
+            yield ev
 
     def _page(self, events: Any, cursor: int, match: Callable[[Any], bool], me: str = "") -> tuple[list[Any], int]:
         """Events after ``cursor`` (one page, as messages) and the new cursor. Reading, filtering and

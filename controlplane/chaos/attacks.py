@@ -387,7 +387,7 @@ class WatchFlood:
 
         stub = api_pb2_grpc.ScalingStub(self.channels[i % len(self.channels)])
         timeout = max(0.5, self.deadline - time.monotonic())
-        call = stub.Watch(api_pb2.WatchRequest(once=once, since_revision=0), timeout=timeout)
+        call = stub.Watch(api_pb2.WatchRequest(once=once, since_revision=0, all=True), timeout=timeout)  # every event: the heaviest read
         with self._lock:
             self._calls.append(call)
             self.opened += 1

@@ -256,7 +256,7 @@ def coordinator_main(config: str, directory: str) -> int:
                 journal.write("seg", node=node_id, rev=last)
                 continue
             for ev in events:
-                if ev.type == TRANSITION:
+                if ev.type == TRANSITION and ev.kind == "Instance":  # not breakers, not the lease
                     journal.write("tr", node=node_id, rev=ev.revision, inst=ev.name, dep=ev.deployment,
                                   frm=ev.from_state, to=ev.to_state, ev=ev.event)
             if events:

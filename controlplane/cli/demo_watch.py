@@ -119,7 +119,7 @@ class Watcher(threading.Thread):
 
         client = self._factory()
         try:
-            for ev in client.watch(api_pb2.WatchRequest(kinds=["Instance", "Decision"]), max_rounds=10_000,
+            for ev in client.watch(api_pb2.WatchRequest(kinds=["Instance", "Decision"], all=True), max_rounds=10_000,
                                    backoff=backoff):
                 if self.stopping.is_set():
                     return

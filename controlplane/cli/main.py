@@ -56,11 +56,18 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--nodes", type=int, default=3, help="coordinators, one per simulated zone (default 3)")
     up.add_argument("--dir", metavar="DIR", help="where configs and data go (default: a new temporary folder)")
     up.add_argument("--json", action="store_true", help="print the endpoints as one JSON object")
+    up.add_argument("--keep", action="store_true",
+                    help="keep the state folder on exit (it holds the admin token and the CA key; default: removed "
+                         "unless --dir was given)")
+    up.add_argument("--no-restart", dest="restart", action="store_false",
+                    help="do not restart a coordinator that dies (print the command to start it by hand)")
 
     st = sub.add_parser("status", help="print the status of coordinators")
-    st.add_argument("--endpoints", required=True, metavar="HOST:PORT,...", help="API endpoints")
+    st.add_argument("--endpoints", metavar="HOST:PORT,...",
+                    help="API endpoints (default: the current context of $TENANTCTL_CONFIG, which `up` writes)")
+    st.add_argument("--context", help="the context of the tenantctl configuration to use (without --endpoints)")
     st.add_argument("--json", action="store_true")
-    st.add_argument("--timeout", type=float, default=3.0, help="per-endpoint deadline in seconds")
+    st.add_argument("--timeout", type=float, default=1.0, help="per-endpoint deadline in seconds (default 1)")
     _add_client_auth(st)
 
     mem = sub.add_parser("members", help="add or remove a coordinator at run time (one change at a time)")
@@ -214,8 +221,16 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+CLIENT_COMMANDS = ("token", "status", "members")
+"""Commands that only call coordinators: gRPC's C-core stays quiet for them (not for the services)."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] and argv[0] in CLIENT_COMMANDS:
+        from controlplane.api.tls_errors import quiet_grpc
+
+        quiet_grpc()  # before grpc is first imported
     if argv[:1] == ["token"]:  # the same code, flags and exit codes as ``tenantctl token``
         from controlplane.cli.tenantctl import token_main
 
@@ -270,33 +285,17 @@ def _up(args: argparse.Namespace) -> int:
 
     if not 1 <= args.nodes <= MAX_NODES:
         raise ControlPlaneError(f"--nodes: must be between 1 and {MAX_NODES}, got {args.nodes}")
-    return run_up(args.nodes, args.json, args.dir)
+    return run_up(args.nodes, args.json, args.dir, keep=args.keep, restart=args.restart)
 
 
 def _status(args: argparse.Namespace) -> int:
-    import json
-
     from controlplane.api.admin import fetch_status
+    from controlplane.cli.op_status import print_status, targets
 
-    endpoints = [e.strip() for e in args.endpoints.split(",") if e.strip()]
-    if not endpoints:
-        raise ControlPlaneError("--endpoints: give at least one HOST:PORT")
-    nodes = fetch_status(endpoints, args.timeout, _credentials(args))
-    if args.json:
-        print(json.dumps(nodes, indent=2, sort_keys=True))
-    else:
-        for n in nodes:
-            if not n["reachable"]:
-                print(f"{n['endpoint']:21} unreachable ({n['error']})")
-                continue
-            lease = n["lease"]
-            print(f"{n['endpoint']:21} {n['node_id']:10} {n['zone']:6} {n['role']:9} term {n['term']:<4} "
-                  f"leader {n['leader_id'] or '-':10} lease {lease['holder'] or '-'}@{lease['epoch']} "
-                  f"({lease['remaining_ms']} ms left here) commit {n['commit_index']} applied {n['applied_index']}")
-            for f in n.get("fenced_clusters", []):
-                print(f"{'':21} fenced out: {f['cluster_id']} (its adapter holds epoch {f['adapter_epoch']}, above "
-                      f"{f['epoch']}; nothing is sent to it: docs/lease.md \"Recovery\")")
-    return 0 if all(n["reachable"] for n in nodes) else 1
+    if not (args.timeout > 0 and args.timeout < float("inf")):
+        raise ControlPlaneError(f"--timeout: must be a number of seconds > 0, got {args.timeout:g}")
+    endpoints, args = targets(args)
+    return print_status(fetch_status(endpoints, args.timeout, _credentials(args)), args.json)
 
 
 def _adapter(args: argparse.Namespace) -> int:

@@ -24,7 +24,10 @@ Everything lives under ``--dir`` (default: a fresh temporary folder), secured as
 
 Files holding a secret (tokens, keys, the coordinators' configurations with the Raft password, the
 tenantctl configuration) are mode 0600; ``up`` never prints a token. Ctrl-C or SIGTERM stops every
-child (SIGTERM, then SIGKILL after a grace period). ``up`` exits (and stops the adapters) only
+child (SIGTERM, then SIGKILL after a grace period), then removes the state folder ``up`` created
+unless ``--keep`` (a ``--dir`` given is kept). A coordinator that dies is restarted, at most three
+times a minute, then ``up`` prints the command to start it by hand (``--no-restart``: at once); see
+:mod:`controlplane.cli.up_supervise`. ``up`` exits (and stops the adapters) only
 once no coordinator has run for ``GONE_GRACE_S``: a coordinator restarted by hand from its
 configuration here counts, since something listens on its addresses.
 """
@@ -280,7 +283,9 @@ def write_tenantctl_config(path: Path, endpoints: list[str], security: LocalSecu
     return path
 
 
-def run_up(n: int, as_json: bool, root: str | None) -> int:
+def run_up(n: int, as_json: bool, root: str | None, *, keep: bool = False, restart: bool = True) -> int:
+    from controlplane.cli.up_supervise import Supervisor, finish_state
+
     base = Path(root) if root else Path(tempfile.mkdtemp(prefix="controlplane-up-"))
     base.mkdir(parents=True, exist_ok=True)
     security = make_local_security(base)
@@ -290,6 +295,9 @@ def run_up(n: int, as_json: bool, root: str | None) -> int:
     tenantctl = write_tenantctl_config(base / "tenantctl.yaml", [nd.api_address for nd in nodes], security)
     children: list[subprocess.Popen] = []
     stopping = {"flag": False}
+    removed_on_exit = root is None and not keep
+    failed = False
+    supervisor: Supervisor | None = None
 
     def stop(*_args: object) -> None:
         stopping["flag"] = True
@@ -308,7 +316,7 @@ def run_up(n: int, as_json: bool, root: str | None) -> int:
         if as_json:
             print(json.dumps({"dir": str(base), "nodes": listing, "adapters": adapter_listing,
                               "tenantctl_config": str(tenantctl), "ca_file": str(security.ca_file),
-                              "admin_token_file": str(security.admin_token_file),
+                              "admin_token_file": str(security.admin_token_file), "removed_on_exit": removed_on_exit,
                               "demo": {"tenant": DEMO_TENANT, "deployment": DEMO_DEPLOYMENT}}), flush=True)
         else:
             print(f"controlplane: {n} coordinators on 127.0.0.1 (state in {base}); Ctrl-C stops them")
@@ -323,14 +331,19 @@ def run_up(n: int, as_json: bool, root: str | None) -> int:
             print(f"  status: TENANTCTL_TOKEN=$(cat {security.admin_token_file}) controlplane status --endpoints "
                   f"{','.join(x['api_address'] for x in listing)} --ca-file {security.ca_file}")
             print(f"  tenantctl config: {tenantctl}")
+            print(f"  state folder: {base} (admin token, CA key, Raft password, logs): "
+                  + ("removed on exit (--keep keeps it)" if removed_on_exit else "kept on exit"))
             print(f"  export TENANTCTL_CONFIG={tenantctl}", flush=True)
-        names = [a["id"] for a in adapters] + [nd.node_id for nd in nodes]
-        coordinators = children[len(adapters):]
+        names = [a["id"] for a in adapters]
+        supervisor = Supervisor(nodes, children[len(adapters):], base, lambda nd: spawn_coordinator(nd, base), CHILD_EXE,
+                                restart=restart, listening=listening)
         group_gone = GoneFor(GONE_GRACE_S)
         reported: set[int] = set()
         while not stopping["flag"]:
             # A dead child is reported once and the rest keep running: killing the leader to watch the
             # group fail over is what this group is for. Only when every coordinator is gone is it over.
+            if not stopping["flag"]:  # (a Ctrl-C reaches the children too: no restart then)
+                supervisor.check(time.monotonic())  # restarts a coordinator that died (bounded), one line each
             for name, ch in zip(names, children):
                 if ch.poll() is not None and ch.pid not in reported:
                     reported.add(ch.pid)
@@ -339,13 +352,15 @@ def run_up(n: int, as_json: bool, root: str | None) -> int:
             # A coordinator restarted by hand (``controlplane coordinator --config <dir>/coord-a.yaml``,
             # as the printed commands invite) is not our child: it counts as running while something
             # listens on its addresses, so the adapters are not stopped under it.
-            if group_gone.update(any_coordinator_running(nodes, coordinators), time.monotonic()):
+            if group_gone.update(any_coordinator_running(nodes, supervisor.running), time.monotonic()):
                 print(f"controlplane: error: every coordinator has exited; see the logs in {base}", file=sys.stderr)
+                failed = True
                 return 1
             time.sleep(0.2)
         return 0
     finally:
-        stop_children(children)
+        stop_children(children + (supervisor.spawned if supervisor is not None else []))
+        finish_state(base, created=root is None, keep=keep, failed=failed)
 
 
 GONE_GRACE_S = 5.0

@@ -107,7 +107,8 @@ class ControlState:
     model_caches: dict[ClusterId, ModelCacheRecord] = field(default_factory=dict)
     """What each cluster's node-local model cache holds (a cluster without a record: nothing)."""
     applied: int = 0
-    """Number of commands applied successfully (a batch counts each member)."""
+    """Number of commands applied successfully (a batch counts each member), plus the lease changes
+    of holder or epoch ``raft/fsm.py`` applied (each is a revision of its own, for its watch event)."""
     # Derived indexes, kept in step by the handlers (dicts used as insertion-ordered sets).
     by_deployment: dict[DeploymentId, dict[InstanceId, None]] = field(default_factory=dict)
     gpus_used: dict[tuple[ClusterId, PoolId], int] = field(default_factory=dict)

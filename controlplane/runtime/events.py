@@ -7,8 +7,15 @@ is in memory only: a restart or a snapshot install starts it again at the state'
 
 Revisions are ``ControlState.applied`` values: the event of a command carries the revision of that
 command (its ``ApplyResult.revision``, the ``resource_version`` it gave its object). A command makes at
-most one event, so revisions of retained events strictly increase. Tokens, scaling memory and
-breakers make none (token data never leaves the state through here).
+most one event, so revisions of retained events strictly increase (a batch's members have their own).
+Tokens and scaling memory make none (token data never leaves the state through here). A breaker
+update makes a ``Breaker`` event; a lease change (holder or epoch: an acquisition, a release, a
+failover; never a renewal) makes a ``Lease`` event through :meth:`EventLog.record_lease`, at the
+revision the FSM gives it (``raft/fsm.py`` counts such a change as an applied command).
+
+Every event carries ``significant`` (see :mod:`controlplane.runtime.event_types`): what a watch
+sends by default. A decision that changes no count and a breaker update that keeps its phase are
+not significant; neither is an instance's Ready <-> Busy flip.
 
 Retention, with ``first_revision`` as the one number that defines it: every event with a revision
 greater than ``first_revision`` is retained, so ``since(r)`` answers completely for any
@@ -27,16 +34,17 @@ import itertools
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from operator import attrgetter
 from typing import Any
 
 from controlplane.domain import commands as c
 from controlplane.domain.instances import InstanceState
 from controlplane.domain.state import ApplyResult, ControlState
+from controlplane.runtime import event_types as et
 
 ADDED, MODIFIED, DELETED, TRANSITION, DECIDED = "ADDED", "MODIFIED", "DELETED", "TRANSITION", "DECIDED"
-KINDS = ("Tenant", "Deployment", "Cluster", "Zone", "Instance", "Decision")
+KINDS = ("Tenant", "Deployment", "Cluster", "Zone", "Instance", "Decision", "Breaker", "Lease")
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +53,7 @@ class ChangeEvent:
     at_ms: int
     """The command's ``at_ms`` (0 for commands without one, such as removals)."""
     type: str
-    """ADDED, MODIFIED, DELETED (objects), TRANSITION (instances) or DECIDED (decisions)."""
+    """ADDED, MODIFIED, DELETED (objects), TRANSITION (instances, breakers, the lease) or DECIDED (decisions)."""
     kind: str
     """One of :data:`KINDS`."""
     name: str
@@ -62,7 +70,11 @@ class ChangeEvent:
     replicas: int = 0
     warm_pool: int = 0
     reason: str = ""
+    """A decision's reason; ``preempted`` for an instance drained by a preemption; ``failover`` for a
+    lease taken over from another holder."""
     message: str = ""
+    significant: bool = True
+    """Sent by a watch by default (:mod:`controlplane.runtime.event_types`)."""
 
 
 class EventsCompacted(Exception):
@@ -99,8 +111,12 @@ def capture(state: ControlState, cmd: c.Command) -> Any:
             return state.clusters.get(cmd.cluster.id)  # type: ignore[attr-defined]
         if t is c.PutZone:
             return state.zones.get(cmd.zone.id)  # type: ignore[attr-defined]
-        if t is c.RemoveDeployment or t is c.SetDesired:
+        if t is c.RemoveDeployment:
             return state.deployments.get(cmd.deployment_id)  # type: ignore[attr-defined]
+        if t is c.SetDesired:
+            return state.deployments.get(cmd.deployment_id), state.desired.get(cmd.deployment_id)  # type: ignore[attr-defined]
+        if t is c.PutBreaker:
+            return state.breakers.get(cmd.key), _breaker_tenant(state, cmd.key)  # type: ignore[attr-defined]
         if t is c.RemoveCluster:
             return state.clusters.get(cmd.cluster_id)  # type: ignore[attr-defined]
         if t is c.CreateInstance:
@@ -147,17 +163,68 @@ def derive(cmd: c.Command, result: ApplyResult, before: Any) -> ChangeEvent | No
         )
     if t is c.TransitionInstance:
         (rec,) = result.transitions
-        return ChangeEvent(
+        preempted = bool(cmd.preempted) and rec.to_state is InstanceState.DRAINING  # type: ignore[attr-defined]
+        ev = ChangeEvent(
             rev, at, TRANSITION, "Instance", rec.instance_id, tenant=before.tenant, deployment=before.deployment,
             from_state=rec.from_state.value, to_state=rec.to_state.value, event=rec.event.value,
-            cluster=before.cluster, zone=before.zone,
+            cluster=before.cluster, zone=before.zone, reason=et.PREEMPTED if preempted else "",
         )
+        return ev if et.event_type(ev) != et.BUSY else _replace_significant(ev, False)
     if t is c.SetDesired:
+        d, prev = before
+        changed = prev is None or (prev.replicas, prev.warm_pool) != (cmd.replicas, cmd.warm_pool)  # type: ignore[attr-defined]
         return ChangeEvent(
-            rev, at, DECIDED, "Decision", cmd.deployment_id, tenant=before.tenant, deployment=cmd.deployment_id,  # type: ignore[attr-defined]
+            rev, at, DECIDED, "Decision", cmd.deployment_id, tenant=d.tenant, deployment=cmd.deployment_id,  # type: ignore[attr-defined]
             replicas=cmd.replicas, warm_pool=cmd.warm_pool, reason=cmd.reason, message=cmd.message,  # type: ignore[attr-defined]
+            significant=changed,
         )
-    return None  # tokens, scaling memory, breakers
+    if t is c.PutBreaker:
+        return _breaker_event(cmd, rev, before)  # type: ignore[arg-type]
+    return None  # tokens, scaling memory
+
+
+def _replace_significant(ev: ChangeEvent, significant: bool) -> ChangeEvent:
+    return replace(ev, significant=significant)
+
+
+def _breaker_tenant(state: ControlState, key: str) -> str:
+    """The tenant of a deployment breaker's key (``deployment/<cluster>/<deployment id>``); ""."""
+    parts = key.split("/") if isinstance(key, str) else []
+    if len(parts) < 3 or parts[0] != "deployment":
+        return ""
+    d = state.deployments.get("/".join(parts[2:]))  # type: ignore[call-overload]
+    return d.tenant if d is not None else (parts[2] if len(parts) > 3 else "")
+
+
+def _breaker_event(cmd: c.PutBreaker, rev: int, before: Any) -> ChangeEvent:
+    prev, tenant = before if isinstance(before, tuple) else (None, "")
+    parts = cmd.key.split("/")
+    cluster = parts[1] if len(parts) > 1 and parts[0] in ("cluster", "deployment") else ""
+    deployment = "/".join(parts[2:]) if parts[0] == "deployment" and len(parts) > 2 else ""
+    rec = cmd.record
+    old = prev.phase.value if prev is not None else "closed"
+    return ChangeEvent(
+        rev, rec.changed_ms, TRANSITION, "Breaker", cmd.key, tenant=tenant, deployment=deployment,
+        from_state=old, to_state=rec.phase.value, event="trip" if rec.phase.value == "open" else rec.phase.value,
+        cluster=cluster, message=f"failures {rec.failures}, trips {rec.trips}", significant=old != rec.phase.value,
+    )
+
+
+def lease_event(before: Any, after: Any, revision: int, at_ms: int = 0) -> ChangeEvent | None:
+    """The event of a lease change (``raft.lease.LeaseRecord`` before and after), or None when the
+    holder and epoch are the same (a renewal)."""
+    if (before.holder, before.epoch) == (after.holder, after.epoch):
+        return None
+    if not after.holder:
+        what, reason = "release", ""
+        text = f"released by {before.holder or 'nobody'} (epoch {before.epoch})"
+    else:
+        what = "acquire"
+        reason = "failover" if before.holder and before.holder != after.holder else ""
+        text = f"{after.holder} holds the lease at epoch {after.epoch}" + (
+            f" (was {before.holder} at epoch {before.epoch})" if before.holder else "")
+    return ChangeEvent(revision, at_ms, TRANSITION, "Lease", "lease", from_state=before.holder, to_state=after.holder,
+                       event=what, reason=reason, message=text)
 
 
 class EventLog:
@@ -202,6 +269,15 @@ class EventLog:
                     events.append(event)
         with self._cond:
             for event in events:
+                self._append(event)
+            if applied != self._last:
+                self._last = applied
+                self._cond.notify_all()
+
+    def record_lease(self, event: ChangeEvent | None, applied: int) -> None:
+        """A lease change (:func:`lease_event`) the FSM applied as revision ``applied``."""
+        with self._cond:
+            if event is not None:
                 self._append(event)
             if applied != self._last:
                 self._last = applied

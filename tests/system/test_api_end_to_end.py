@@ -176,7 +176,9 @@ def write_node_contexts(root: Path, config: Path, listing: dict) -> Path:
 @pytest.fixture(scope="module")
 def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Group]:
     root = tmp_path_factory.mktemp("up")
-    up = subprocess.Popen(UP + ["--nodes", "3", "--json", "--dir", str(root)], stdout=subprocess.PIPE,
+    # --no-restart: the killed leader stays down (the watch must resume on a survivor; `up`'s own
+    # restarts are tested in tests/system/test_up_supervise.py).
+    up = subprocess.Popen(UP + ["--nodes", "3", "--json", "--dir", str(root), "--no-restart"], stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True)
     listing: dict = {"nodes": [], "adapters": []}
     try:

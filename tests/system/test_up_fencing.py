@@ -32,8 +32,8 @@ from tests.support.waiting import alive, listening, wait_until
 EXE = [sys.executable, "-m", "controlplane.cli.main"]
 
 
-def start_up(root: Path, nodes: int) -> tuple[subprocess.Popen, dict]:
-    up = subprocess.Popen(EXE + ["up", "--nodes", str(nodes), "--json", "--dir", str(root)],
+def start_up(root: Path, nodes: int, *extra: str) -> tuple[subprocess.Popen, dict]:
+    up = subprocess.Popen(EXE + ["up", "--nodes", str(nodes), "--json", "--dir", str(root), *extra],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return up, json.loads(up.stdout.readline())
 
@@ -147,7 +147,7 @@ def test_poisoned_and_stale_adapters_stop_only_their_cluster(tmp_path: Path) -> 
 def test_up_keeps_the_adapters_while_a_restarted_coordinator_runs(tmp_path: Path) -> None:
     """The bug: ``up`` watched only its own children, so once the coordinators it started were gone
     it stopped the adapters under coordinators restarted by hand."""
-    up, listing = start_up(tmp_path, 1)
+    up, listing = start_up(tmp_path, 1, "--no-restart")  # restarted by hand here, not by up
     [node], [adapter] = listing["nodes"], listing["adapters"]
     replacement = None
     try:

@@ -11,15 +11,16 @@ import pytest
 from controlplane.domain import commands as c
 from controlplane.domain.ids import ClusterId, DeploymentId, InstanceId, PoolId, TenantId, ZoneId
 from controlplane.domain.instances import InstanceEvent
-from controlplane.domain.records import BreakerRecord, ScaleMemory
+from controlplane.domain.records import BreakerPhase, BreakerRecord, ScaleMemory
 from controlplane.domain.state import ControlState, apply
 from controlplane.domain.tenants import Deployment, Engine, Tenant
 from controlplane.domain.tokens import Role, TokenRecord
 from controlplane.domain.topology import Cluster, Zone
+from controlplane.runtime import event_types as et
 from controlplane.runtime.events import ChangeEvent, EventLog, EventsCompacted, capture
 from raft import codec
 from raft.fsm import ControlFsm
-from raft.lease import AcquireLease, LeaseRecord
+from raft.lease import AcquireLease, LeaseRecord, ReleaseLease, RenewLease
 
 E = InstanceEvent
 
@@ -124,14 +125,77 @@ def test_decisions_are_kept_per_deployment() -> None:
     assert r.log.decisions("chat", 10) == []
 
 
-def test_tokens_memory_and_breakers_make_no_events_but_move_the_revision() -> None:
+def test_tokens_and_memory_make_no_events_but_move_the_revision() -> None:
     r = replica()
     record = TokenRecord("0123456789ab", "f" * 64, Role.ADMIN)
     assert r.run(
-        c.PutToken(record), c.RemoveToken("0123456789ab"), c.PutBreaker("k", BreakerRecord()),
-        c.PutScaleMemory(DeploymentId("chat"), ScaleMemory()),
+        c.PutToken(record), c.RemoveToken("0123456789ab"), c.PutScaleMemory(DeploymentId("chat"), ScaleMemory()),
     ) == []
-    assert r.log.last_revision == r.state.applied == 7
+    assert r.log.last_revision == r.state.applied == 6
+
+
+def test_breaker_events_are_significant_when_the_phase_changes() -> None:
+    r = replica()
+    key = "deployment/c1/chat"
+    events = r.run(
+        c.PutBreaker(key, BreakerRecord(failures=1, changed_ms=50)),  # closed -> closed: a failure counted
+        c.PutBreaker(key, BreakerRecord(BreakerPhase.OPEN, 3, 1, 900, changed_ms=60)),
+        c.PutBreaker("cluster/c1", BreakerRecord(BreakerPhase.OPEN, 2, 1, 900, changed_ms=61)),
+        c.PutBreaker(key, BreakerRecord(BreakerPhase.HALF_OPEN, 3, 1, 900, changed_ms=70)),
+    )
+    where = {"tenant": "acme", "deployment": "chat", "cluster": "c1", "type": "TRANSITION", "kind": "Breaker"}
+    assert events == [
+        ChangeEvent(4, 50, name=key, from_state="closed", to_state="closed", event="closed",
+                    message="failures 1, trips 0", significant=False, **where),
+        ChangeEvent(5, 60, name=key, from_state="closed", to_state="open", event="trip",
+                    message="failures 3, trips 1", **where),
+        ChangeEvent(6, 61, "TRANSITION", "Breaker", "cluster/c1", cluster="c1", from_state="closed", to_state="open",
+                    event="trip", message="failures 2, trips 1"),
+        ChangeEvent(7, 70, name=key, from_state="open", to_state="half_open", event="half_open",
+                    message="failures 3, trips 1", **where),
+    ]
+    assert [et.event_type(e) for e in events] == ["breaker"] * 4
+
+
+def test_decisions_that_change_no_count_are_not_significant() -> None:
+    r = replica()
+    d = DeploymentId("chat")
+    events = r.run(c.SetDesired(d, 2, 0, "scale_up", 10), c.SetDesired(d, 2, 0, "hold", 11),
+                   c.SetDesired(d, 2, 1, "warm", 12), c.SetDesired(d, 1, 1, "scale_down", 13))
+    assert [(e.reason, e.significant) for e in events] == [
+        ("scale_up", True), ("hold", False), ("warm", True), ("scale_down", True)]
+    assert {et.event_type(e) for e in events} == {"decision"}
+
+
+def test_busy_flips_are_not_significant_and_preemptions_are_named() -> None:
+    r = replica()
+    i = InstanceId("i1")
+    events = r.run(
+        c.CreateInstance(i, DeploymentId("chat"), ClusterId("c1"), 1), c.TransitionInstance(i, E.START_WARMUP, 2),
+        c.TransitionInstance(i, E.WARMED, 3), c.TransitionInstance(i, E.WORK, 4), c.TransitionInstance(i, E.IDLE, 5),
+        c.TransitionInstance(i, E.DRAIN, 6, drain_deadline_ms=100, preempted=True),
+    )
+    assert [(e.to_state, et.event_type(e), e.significant) for e in events] == [
+        ("Pending", "lifecycle", True), ("Warming", "lifecycle", True), ("Ready", "lifecycle", True),
+        ("Busy", "busy", False), ("Ready", "busy", False), ("Draining", "preemption", True)]
+    assert events[-1].reason == "preempted"
+
+
+def test_the_selector_of_a_watch() -> None:
+    r = replica()
+    i = InstanceId("i1")
+    events = r.run(c.CreateInstance(i, DeploymentId("chat"), ClusterId("c1"), 1),
+                   c.TransitionInstance(i, E.START_WARMUP, 2), c.TransitionInstance(i, E.WARMED, 3),
+                   c.TransitionInstance(i, E.WORK, 4), c.SetDesired(DeploymentId("chat"), 1, 0, "r", 5),
+                   c.SetDesired(DeploymentId("chat"), 1, 0, "same", 6))
+    revs = lambda sel: [e.revision for e in events if sel(e)]  # noqa: E731
+    assert revs(et.selector(False, frozenset())) == [4, 5, 6, 8]  # default: significant only
+    assert revs(et.selector(True, frozenset())) == [4, 5, 6, 7, 8, 9]
+    assert revs(et.selector(False, frozenset({"busy", "decision"}))) == [7, 8, 9]
+    assert revs(et.selector(True, frozenset({"lifecycle"}))) == [4, 5, 6]  # types win over all
+    assert et.parse_types(["Decision", "lease"]) == {"decision", "lease"}
+    with pytest.raises(ValueError, match=r"types\[1\]: unknown type 'bogus'"):
+        et.parse_types(["busy", "bogus"])
 
 
 def test_rejected_commands_make_no_events() -> None:
@@ -157,7 +221,7 @@ def test_since_filters_limits_and_ahead_of_the_log() -> None:
 def test_compaction_moves_first_revision_and_since_raises_below_it() -> None:
     r = Replica(EventLog(capacity=2))
     assert r.log.first_revision == 0
-    r.run(*SETUP, c.PutBreaker("k", BreakerRecord()), c.PutZone(Zone(ZoneId("z1"))))
+    r.run(*SETUP, c.PutScaleMemory(DeploymentId("chat"), ScaleMemory()), c.PutZone(Zone(ZoneId("z1"))))
     assert [e.revision for e in r.log.since(2)] == [3, 5]
     assert (r.log.first_revision, r.log.last_revision) == (2, 5)
     with pytest.raises(EventsCompacted) as info:
@@ -214,12 +278,37 @@ def test_every_replica_derives_the_same_events() -> None:
 def test_the_fsm_records_applied_entries_and_resets_on_snapshot_install() -> None:
     fsm = ControlFsm(lambda: 0)
     fsm._apply(codec.encode(c.Batch(SETUP)), "", 0, 1)  # what apply_entry runs for log index 1
-    fsm._apply(codec.encode(AcquireLease("n1", 0, 1_000)), "", 0, 2)  # lease entries make no events
-    fsm._apply(codec.encode(c.RemoveZone(ZoneId("z9"))), "", 0, 3)  # rejected: nothing
-    assert [e.name for e in fsm.events.since(0)] == ["acme", "c1", "chat"] and fsm.events.last_revision == 3
+    fsm._apply(codec.encode(AcquireLease("n1", 0, 1_000)), "", 0, 2)  # a lease change: revision 4
+    fsm._apply(codec.encode(RenewLease("n1", 2)), "", 0, 3)  # a renewal: nothing
+    fsm._apply(codec.encode(c.RemoveZone(ZoneId("z9"))), "", 0, 4)  # rejected: nothing
+    assert [e.name for e in fsm.events.since(0)] == ["acme", "c1", "chat", "lease"] and fsm.events.last_revision == 4
+    assert fsm.state_copy().applied == 4
     state = replica().state
     state.applied = 50
     fsm.install_snapshot(codec.encode_state(state, LeaseRecord()))
     assert (fsm.events.first_revision, fsm.events.last_revision) == (50, 50)
     fsm._apply(codec.encode(c.PutZone(Zone(ZoneId("z1")), at_ms=9)), "", 0, 60)
     assert fsm.events.since(50) == [ChangeEvent(51, 9, "ADDED", "Zone", "z1", zone="z1")]
+
+
+def test_lease_changes_are_events_of_their_own_revision_and_a_failover_is_named() -> None:
+    fsm = ControlFsm(lambda: 0)
+    fsm._apply(codec.encode(c.Batch(SETUP)), "", 0, 1)
+    fsm._apply(codec.encode(AcquireLease("n1", 0, 1_000)), "", 0, 2)
+    fsm._apply(codec.encode(ReleaseLease("n1", 2)), "", 0, 3)
+    fsm._apply(codec.encode(AcquireLease("n2", 2, 1_000)), "", 0, 4)
+    lease, _ = fsm.lease_view()
+    assert (lease.holder, lease.epoch) == ("n2", 4)
+    # a takeover without a release (the holder's lease expired): simulated through the record
+    fsm._lease = LeaseRecord("n3", 4, lease.version, 1_000)
+    fsm._apply(codec.encode(AcquireLease("n1", lease.version, 1_000)), "", 0, 5)
+    got = [(e.revision, e.type, e.kind, e.event, e.from_state, e.to_state, e.reason) for e in fsm.events.since(3)]
+    assert got == [
+        (4, "TRANSITION", "Lease", "acquire", "", "n1", ""),
+        (5, "TRANSITION", "Lease", "release", "n1", "", ""),
+        (6, "TRANSITION", "Lease", "acquire", "", "n2", ""),
+        (7, "TRANSITION", "Lease", "acquire", "n3", "n1", "failover"),
+    ]
+    assert fsm.events.since(6)[0].message == "n1 holds the lease at epoch 5 (was n3 at epoch 4)"
+    assert {et.event_type(e) for e in fsm.events.since(3)} == {"lease"}
+    assert all(e.significant for e in fsm.events.since(3)) and fsm.events.last_revision == 7

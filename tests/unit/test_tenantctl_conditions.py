@@ -145,3 +145,12 @@ def test_a_preempted_deployment_names_the_tenant_that_took_its_gpus(rc: RealCtl,
     assert "preempted by tenant gold (priority 100): granted 4 of 7 replicas x 1 GPUs" in line
     code, out, _ = rc.ctl("events", "--tenant", "silver")
     assert "preempted" in out and "allocation granted" not in out
+    # The preempted tenant's own token learns why, never who: the name and priority stay with admins.
+    token = rc.token_for("silver")
+    for args in (("describe", "deployment", "batch"), ("explain", "batch"), ("events", "--type", "decision"),
+                 ("get", "deployment", "batch", "-o", "yaml")):
+        code, out, err = rc.ctl_as(token, *args)
+        assert code == 0, err
+        assert "gold" not in out and "priority 100" not in out, out
+        if args[0] in ("describe", "explain", "events"):
+            assert "preempted by a higher-priority tenant" in out, out

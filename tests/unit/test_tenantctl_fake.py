@@ -20,6 +20,7 @@ from grpc_status import rpc_status
 from controlplane.api.v1 import admin_pb2, admin_pb2_grpc, api_pb2, api_pb2_grpc
 from controlplane.domain.errors import ValidationError
 from controlplane.domain.labels import parse_selector
+from controlplane.runtime import event_types
 
 ADMIN_TOKEN = "cp_aaaaaaaaaaaa_" + "A" * 43
 TENANT_TOKEN = "cp_bbbbbbbbbbbb_" + "B" * 43
@@ -52,6 +53,8 @@ class Endpoint:
         self.group = group
         self.node_id = node_id
         self.leaderless_hint: str | None = None
+        self.lagging = False
+        """Refuse every token UNAUTHENTICATED (a node that has not applied the tokens yet)."""
         self.break_after: int | None = None
         self.on_watch: list = []
         """Callables run (once each) when a watch starts on this endpoint."""
@@ -78,7 +81,7 @@ class Endpoint:
         meta = dict(context.invocation_metadata())
         auth = meta.get("authorization", "")
         token = auth.removeprefix("Bearer ")
-        if token not in (ADMIN_TOKEN, TENANT_TOKEN):
+        if token not in (ADMIN_TOKEN, TENANT_TOKEN) or self.lagging:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or unknown token")
         if self.leaderless_hint is not None and method != "Status":
             if self.leaderless_hint:
@@ -103,6 +106,7 @@ class FakeGroup:
     def emit(self, **kw) -> api_pb2.Event:
         with self.store.lock:
             rev = kw.pop("revision", None) or self.store.bump()
+            kw.setdefault("significant", True)  # as the real server marks all but Busy flips and no-op decisions
             e = api_pb2.Event(revision=rev, **kw)
             self.store.events.append(e)
         return e
@@ -408,6 +412,8 @@ class _Scaling(_Base, api_pb2_grpc.ScalingServicer):
             if request.deployment and e.deployment != request.deployment:
                 continue
             if request.kinds and e.kind not in request.kinds:
+                continue
+            if not event_types.selector(request.all, event_types.parse_types(request.types))(e):
                 continue
             if self.ep.break_after is not None and sent >= self.ep.break_after:
                 context.abort(grpc.StatusCode.UNAVAILABLE, "node shutting down")

@@ -581,21 +581,25 @@ class Explanation(_message.Message):
     def __init__(self, deployment: _Optional[str] = ..., tenant: _Optional[str] = ..., desired_replicas: _Optional[int] = ..., desired_warm_pool: _Optional[int] = ..., history: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ..., live: _Optional[_Union[LiveDecision, _Mapping]] = ..., lease_holder: _Optional[str] = ..., read: _Optional[_Union[ReadInfo, _Mapping]] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
-    __slots__ = ("since_revision", "deployment", "tenant", "kinds", "once")
+    __slots__ = ("since_revision", "deployment", "tenant", "kinds", "once", "all", "types")
     SINCE_REVISION_FIELD_NUMBER: _ClassVar[int]
     DEPLOYMENT_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     KINDS_FIELD_NUMBER: _ClassVar[int]
     ONCE_FIELD_NUMBER: _ClassVar[int]
+    ALL_FIELD_NUMBER: _ClassVar[int]
+    TYPES_FIELD_NUMBER: _ClassVar[int]
     since_revision: int
     deployment: str
     tenant: str
     kinds: _containers.RepeatedScalarFieldContainer[str]
     once: bool
-    def __init__(self, since_revision: _Optional[int] = ..., deployment: _Optional[str] = ..., tenant: _Optional[str] = ..., kinds: _Optional[_Iterable[str]] = ..., once: _Optional[bool] = ...) -> None: ...
+    all: bool
+    types: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, since_revision: _Optional[int] = ..., deployment: _Optional[str] = ..., tenant: _Optional[str] = ..., kinds: _Optional[_Iterable[str]] = ..., once: _Optional[bool] = ..., all: _Optional[bool] = ..., types: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("revision", "at_ms", "type", "kind", "name", "tenant", "deployment", "from_state", "to_state", "event", "cluster", "zone", "replicas", "warm_pool", "reason", "message", "served_by")
+    __slots__ = ("revision", "at_ms", "type", "kind", "name", "tenant", "deployment", "from_state", "to_state", "event", "cluster", "zone", "replicas", "warm_pool", "reason", "message", "served_by", "significant")
     REVISION_FIELD_NUMBER: _ClassVar[int]
     AT_MS_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -613,6 +617,7 @@ class Event(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     SERVED_BY_FIELD_NUMBER: _ClassVar[int]
+    SIGNIFICANT_FIELD_NUMBER: _ClassVar[int]
     revision: int
     at_ms: int
     type: str
@@ -630,7 +635,8 @@ class Event(_message.Message):
     reason: str
     message: str
     served_by: str
-    def __init__(self, revision: _Optional[int] = ..., at_ms: _Optional[int] = ..., type: _Optional[str] = ..., kind: _Optional[str] = ..., name: _Optional[str] = ..., tenant: _Optional[str] = ..., deployment: _Optional[str] = ..., from_state: _Optional[str] = ..., to_state: _Optional[str] = ..., event: _Optional[str] = ..., cluster: _Optional[str] = ..., zone: _Optional[str] = ..., replicas: _Optional[int] = ..., warm_pool: _Optional[int] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., served_by: _Optional[str] = ...) -> None: ...
+    significant: bool
+    def __init__(self, revision: _Optional[int] = ..., at_ms: _Optional[int] = ..., type: _Optional[str] = ..., kind: _Optional[str] = ..., name: _Optional[str] = ..., tenant: _Optional[str] = ..., deployment: _Optional[str] = ..., from_state: _Optional[str] = ..., to_state: _Optional[str] = ..., event: _Optional[str] = ..., cluster: _Optional[str] = ..., zone: _Optional[str] = ..., replicas: _Optional[int] = ..., warm_pool: _Optional[int] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., served_by: _Optional[str] = ..., significant: _Optional[bool] = ...) -> None: ...
 
 class DryRunRequest(_message.Message):
     __slots__ = ("deployment", "zones", "clusters", "tenants", "deployments")

@@ -12,7 +12,11 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from controlplane.cli.tenantctl.app import (
+from controlplane.api.tls_errors import quiet_grpc
+
+quiet_grpc()  # before grpc is first imported (by app below): no gRPC C-core log lines on stderr
+
+from controlplane.cli.tenantctl.app import (  # noqa: E402
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,

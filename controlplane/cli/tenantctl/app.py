@@ -19,9 +19,10 @@ from rich.text import Text
 
 from controlplane.api import manifests as mf
 from controlplane.api.client import ApiClient, ApiError, Notice, Unreachable
-from controlplane.api.v1 import admin_pb2, api_pb2
-from controlplane.cli.tenantctl import apply_cmds, conditions, describe, kubectl, render, views
+from controlplane.api.v1 import api_pb2
+from controlplane.cli.tenantctl import apply_cmds, conditions, describe, flags, kubectl, render, views
 from controlplane.cli.tenantctl import config as cfgmod
+from controlplane.cli.tenantctl.flags import FlagError, watch_types
 from controlplane.config import ConfigError, address_problem
 from controlplane.domain.errors import ControlPlaneError
 
@@ -143,7 +144,7 @@ def build_parser(prog: str = "tenantctl") -> argparse.ArgumentParser:
 
     ev = add("events", "retained events (transitions, decisions, changes) as a table")
     _event_filters(ev)
-    ev.add_argument("--limit", type=int, default=0, help="only the last N")
+    ev.add_argument("--limit", type=int, default=None, help="only the last N (>= 1)")
     _output(ev, ("table", "json", "yaml"))
 
     for kind in ("cluster", "zone"):
@@ -154,8 +155,8 @@ def build_parser(prog: str = "tenantctl") -> argparse.ArgumentParser:
             x = csub.add_parser(op, help=text, parents=[common])
             x.add_argument("name")
 
-    st = add("status", "coordinators of the context(s): role, leader, lease, indexes")
-    _output(st, ("table", "json", "yaml"))
+    st = add("status", "coordinators of the context(s): pid, role, leader, lease, indexes (-o wide: more)")
+    _output(st, ("table", "wide", "json", "yaml"))
 
     tk = add("token", "API tokens: create, list, revoke (admins)")
     _token_commands(tk, common)
@@ -189,8 +190,14 @@ def _event_filters(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deployment", default="", help="only this deployment's events")
     p.add_argument("--tenant", default="", help="admins: only this tenant's events")
     p.add_argument("--kind", action="append", default=[], metavar="KIND",
-                   help="Tenant, Deployment, Cluster, Zone, Instance or Decision (repeatable)")
+                   help="Tenant, Deployment, Cluster, Zone, Instance, Decision, Breaker or Lease (repeatable)")
     p.add_argument("--since", type=int, default=None, metavar="REVISION", help="start after this revision")
+    p.add_argument("--all", action="store_true", dest="all_events",
+                   help="every event (default: the significant ones: no Ready <-> Busy flips, no decision that "
+                        "changed no count)")
+    p.add_argument("--type", action="append", default=[], metavar="TYPE", dest="types",
+                   help="only these types, significant or not: decision, lifecycle, preemption, breaker, lease, "
+                        "object, busy (repeatable)")
 
 
 def _token_commands(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
@@ -730,14 +737,15 @@ def _print_explain(s: Session, exp: api_pb2.Explanation) -> None:
 
 def _watch_request(s: Session, once: bool) -> api_pb2.WatchRequest:
     valid = {"tenant": "Tenant", "deployment": "Deployment", "cluster": "Cluster", "zone": "Zone",
-             "instance": "Instance", "decision": "Decision"}
+             "instance": "Instance", "decision": "Decision", "breaker": "Breaker", "lease": "Lease"}
     kinds = []
     for k in s.args.kind:
         norm = valid.get(k.lower().rstrip("s"))
         if norm is None:
             raise UsageError(f"--kind: {k!r} is not one of {', '.join(valid.values())}")
         kinds.append(norm)
-    req = api_pb2.WatchRequest(deployment=s.args.deployment, tenant=s.args.tenant, kinds=kinds, once=once)
+    req = api_pb2.WatchRequest(deployment=s.args.deployment, tenant=s.args.tenant, kinds=kinds, once=once,
+                               all=s.args.all_events, types=watch_types(s.args.types, s.args.all_events))
     if s.args.since is not None:
         if s.args.since < 0:
             raise UsageError("--since: must be >= 0")
@@ -746,8 +754,6 @@ def _watch_request(s: Session, once: bool) -> api_pb2.WatchRequest:
 
 
 def cmd_events(s: Session) -> int:
-    if s.args.limit < 0:
-        raise UsageError("--limit: must be >= 0")
     req = _watch_request(s, once=True)
     outcome = Outcome()
     collected: list[tuple[cfgmod.Context, api_pb2.Event]] = []
@@ -877,42 +883,9 @@ def cmd_topology(s: Session) -> int:
 
 
 def cmd_status(s: Session) -> int:
-    rows = []
-    data = []
-    answered = total = 0
-    for ctx, client in s.each():
-        for ep, reply in client.each_endpoint("Admin", "Status", admin_pb2.StatusRequest(), timeout_s=s.opt("timeout") or 3.0):
-            total += 1
-            if isinstance(reply, (ApiError, Unreachable)):
-                why = "; ".join(w for _, w in reply.failures) if isinstance(reply, Unreachable) else \
-                    f"{reply.code.name}: {reply.message}"
-                if isinstance(reply, ApiError):
-                    answered += 1
-                rows.append([ctx.name, ep, "-", "-", "unreachable" if isinstance(reply, Unreachable) else "error",
-                             "-", "-", "-", "-", "-", why])
-                data.append({"context": ctx.name, "endpoint": ep, "reachable": False, "error": why})
-                continue
-            answered += 1
-            lease = f"{reply.lease_holder or '-'}@{reply.lease_epoch}"
-            if reply.lease_remaining_ms:
-                lease += f" ({reply.lease_remaining_ms} ms left)"
-            rows.append([ctx.name, ep, reply.node_id, reply.zone, reply.role, str(reply.term), reply.leader_id or "-",
-                         lease, str(reply.commit_index), str(reply.applied_index), reply.version])
-            from controlplane.api.admin import from_proto
+    from controlplane.cli.tenantctl.status_cmd import cmd_status as status
 
-            data.append({"context": ctx.name, "endpoint": ep, "reachable": True, **from_proto(reply)})
-    if s.args.output != "table":
-        render.dump(s.console, data, s.args.output)
-    else:
-        headers = ["CONTEXT", "ENDPOINT", "NODE", "ZONE", "ROLE", "TERM", "LEADER", "LEASE", "COMMIT", "APPLIED",
-                   "VERSION"]
-        if not s.multi:
-            headers, rows = headers[1:], [r[1:] for r in rows]
-        s.console.print(render.make_table(headers, rows))
-    ok = sum(1 for d in data if d["reachable"])
-    if answered == 0:
-        return EXIT_UNREACHABLE
-    return EXIT_OK if ok == total else EXIT_FAILED
+    return status(s)
 
 
 def cmd_token(s: Session) -> int:
@@ -1042,10 +1015,11 @@ def run(argv: Sequence[str] | None, *, parser: argparse.ArgumentParser | None = 
         return EXIT_OK
     s = Session(args, out, err, stdin or sys.stdin, channel_factory, sleep)
     try:
+        flags.check(args)
         return COMMANDS[args.command](s)
     except Failed as exc:
         return exc.code
-    except UsageError as exc:
+    except (UsageError, FlagError) as exc:
         print(f"tenantctl: error: {exc}", file=err)
         return EXIT_USAGE
     except ConfigError as exc:

@@ -228,6 +228,14 @@ EVENT_HEADERS = ["REVISION", "TIME", "TYPE", "KIND", "NAME", "DETAIL"]
 
 
 def event_detail(e: api_pb2.Event) -> str:
+    if e.kind == "Lease":
+        return e.message + (f" ({e.reason})" if e.reason else "")
+    if e.kind == "Breaker":
+        return f"{e.from_state or '-'} -> {e.to_state or '-'} ({e.message})"
+    if e.type == "TRANSITION" and e.reason:
+        where = "/".join(x for x in (e.zone, e.cluster) if x)
+        return (f"{e.deployment}: {e.from_state or '-'} -> {e.to_state or '-'} ({e.event}, {e.reason})"
+                + (f" on {where}" if where else ""))
     if e.type == "TRANSITION":
         where = "/".join(x for x in (e.zone, e.cluster) if x)
         return (f"{e.deployment}: {e.from_state or '-'} -> {e.to_state or '-'} ({e.event})"
