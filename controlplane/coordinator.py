@@ -31,6 +31,7 @@ from controlplane.config import ConfigError, CoordinatorConfig, read_token_file
 from controlplane.domain import commands as c
 from controlplane.domain.instances import Transitioned
 from controlplane.domain.errors import ControlPlaneError, TemporaryError
+from controlplane.domain.ids import DeploymentId
 from controlplane.domain.tenants import Deployment, Tenant
 from controlplane.domain.tokens import Role, TokenRecord, parse_token
 from controlplane.domain.topology import Cluster
@@ -322,17 +323,14 @@ class _HolderView:
         return self._c.guard.authority(self._c.node.clock_ms()) is not None
 
     def live_decision(self, deployment_id: str) -> object | None:
-        decisions = getattr(self._c.loop, "live_decisions", None) or {}
-        return decisions.get(deployment_id)
+        return self._c.loop.live_decisions.get(DeploymentId(deployment_id))
 
     def signals_of(self, deployment_id: str) -> object | None:
-        fn = getattr(self._c.loop, "signals_of", None)
-        return None if fn is None else fn(deployment_id)
+        return self._c.loop.signals_of(DeploymentId(deployment_id))
 
     def adapter_links(self) -> dict[str, tuple[bool, int]] | None:
         """Per cluster the loop has heard from: (its adapter delivers now, since when)."""
-        fn = getattr(self._c.loop, "adapter_links", None)
-        return None if fn is None else {str(k): v for k, v in fn(wall_ms()).items()}
+        return {str(k): v for k, v in self._c.loop.adapter_links(wall_ms()).items()}
 
 
 def _token_from(path: Path | None, field: str) -> str | None:

@@ -49,8 +49,7 @@ def to_proto(conditions: Iterable[Condition]) -> list[api_pb2.Condition]:
 
 def links_of_holder(holder: Any) -> dict[ClusterId, AdapterLink] | None:
     """The lease holder's own links (``HolderView.adapter_links``), or None when it has none."""
-    fn = getattr(holder, "adapter_links", None)
-    got = fn() if fn is not None else None
+    got = holder.adapter_links() if holder is not None else None
     if got is None:
         return None
     return {ClusterId(cid): AdapterLink(bool(ok), int(since)) for cid, (ok, since) in got.items()}

@@ -48,7 +48,7 @@ import functools
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -161,8 +161,9 @@ class HolderView(Protocol):
     def signals_of(self, deployment_id: str) -> Any | None:
         """The deployment's filtered signals, or None."""
 
-    # optional: ``adapter_links() -> {cluster: (delivering, since_ms)}`` (the Cluster conditions'
-    # AdapterConnected; a view without it reads as Unknown)
+    def adapter_links(self) -> Mapping[str, tuple[bool, int]] | None:
+        """Per cluster the control loop has heard from: (its adapter delivers observation batches
+        now, since when, wall ms): the clusters' ``AdapterConnected`` condition. None: not known."""
 
 
 # --- failures -> statuses --------------------------------------------------------------------------------
