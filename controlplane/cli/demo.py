@@ -448,10 +448,11 @@ class Demo:
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         setup_t0 = time.monotonic()
         try:
-            print(f"controlplane demo: {ZONE_COUNT} coordinators + {ZONE_COUNT} simulated clusters on 127.0.0.1, "
-                  f"workload {self.workload.name}, {self.duration:.0f} s; Ctrl-C stops everything", flush=True)
+            # one short line each, so that a 100-column terminal wraps none of them
+            print(f"controlplane demo: {ZONE_COUNT} coordinators + {ZONE_COUNT} simulated clusters on 127.0.0.1\n"
+                  f"  workload {self.workload.name}, {self.duration:.0f} s; Ctrl-C stops everything", flush=True)
             self.start()
-            print(f"  state and logs in {self.base}; while it runs: export TENANTCTL_CONFIG={self.tenantctl}",
+            print(f"  state and logs in {self.base}\n  while it runs: export TENANTCTL_CONFIG={self.tenantctl}",
                   flush=True)
             self.wait_for_lease()
             self.create_tenants()

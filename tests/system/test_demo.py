@@ -71,9 +71,10 @@ def test_sigterm_during_the_demo_stops_every_process(tmp_path: Path) -> None:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         # the line with the state folder comes once the coordinators have been started
-        first, second = demo.stdout.readline(), demo.stdout.readline()
-        assert "state and logs in" in second, first + second
-        root = Path(second.split("state and logs in ", 1)[1].split(";", 1)[0])
+        head = [demo.stdout.readline() for _ in range(3)]  # the title, the workload, then the state folder
+        second = head[-1]
+        assert "state and logs in" in second, "".join(head)
+        root = Path(second.split("state and logs in ", 1)[1].strip())
         time.sleep(2.0)
         pids = [pid for pid, args in _ps() if str(root) in args]
         assert len(pids) == 3, pids

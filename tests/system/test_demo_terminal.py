@@ -1,27 +1,35 @@
-"""The demo's live view in a real terminal (tmux), at 100 and 200 columns.
+"""The demo's live view in a real terminal, at 100 and 200 columns.
+
+Each run gets a pseudo-terminal of its own (``pty``, its size set with ``TIOCSWINSZ``, so the
+program sees a terminal of that size exactly as in a terminal window), and what it writes there is
+played into a VT100 screen (``pyte``, a test dependency: nothing to install on the machine). The
+screen is twice as wide as the terminal the program sees, so a line the program writes past the
+width shows as a longer line instead of wrapping (what ``tmux capture-pane -J`` shows).
 
 Frames recorded from a real ``controlplane demo --record-view`` run (150 s, the failover under way:
 the killed node down, the new holder named, instances preempted) played back by ``python -m
-controlplane.cli.demo_view`` in a tmux pane, at both widths (a few seconds); and the real demo itself,
-20 s, in the pane, from the live view to the summary table (about 35 s; at 100 columns, and at 200
-too with ``CP_SLOW=1``). Each capture must hold whole instance ids,
-every column header whole on one line, no cell cut with an ellipsis, no line wider than the pane
-(``capture-pane -J`` joins what the terminal wrapped, so an overflow shows as a longer line), and the
-key fields. Waits poll the pane with a deadline; the tmux server (a private socket, removed after)
-is killed in a ``finally``."""
+controlplane.cli.demo_view`` at both widths (a few seconds); and the real demo itself, 20 s, from
+the live view to the summary table (about 35 s; at 100 columns, and at 200 too with ``CP_SLOW=1``).
+Each capture must hold whole instance ids, every column header whole on one line, no cell cut with
+an ellipsis, no line wider than the terminal, and the key fields. Waits poll the screen with a
+deadline; the program's process group is killed in a ``finally``."""
 
 from __future__ import annotations
 
+import fcntl
 import os
+import pty
 import re
 import shlex
-import shutil
+import signal
+import struct
 import subprocess
 import sys
-import tempfile
-import uuid
+import termios
+import threading
 from pathlib import Path
 
+import pyte
 import pytest
 
 from controlplane.cli.demo_view import WIDE_COLUMNS, read_recording
@@ -38,25 +46,54 @@ ROWS = (("chat", "gold", "200"), ("embed", "silver", "100"), ("batch", "bronze",
 
 
 class Pane:
-    """One tmux pane of ``width`` x ``height`` running ``command``, on a server of its own."""
+    """A pseudo-terminal of ``width`` x ``height`` running ``command`` (``bash -c``); what the
+    program writes is fed to a :class:`pyte.HistoryScreen` by a reader thread."""
 
     def __init__(self, width: int, height: int, command: str) -> None:
-        if shutil.which("tmux") is None:
-            pytest.fail("tmux is not installed: the terminal test of the demo's live view needs it")
-        self.socket = str(Path(tempfile.gettempdir()) / f"cp-demo-{uuid.uuid4().hex[:8]}.tmux")
+        self.master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", height, width, 0, 0))
         env = {**os.environ, "PYTHONPATH": str(REPO), "TERM": "xterm-256color"}
-        env.pop("NO_COLOR", None)
-        subprocess.run(["tmux", "-S", self.socket, "-f", "/dev/null", "new-session", "-d", "-x", str(width), "-y",
-                        str(height), command], check=True, env=env, cwd=REPO, timeout=30)
+        for name in ("NO_COLOR", "COLUMNS", "LINES"):  # the terminal's own size must decide
+            env.pop(name, None)
+        self.proc = subprocess.Popen(["bash", "-c", command], stdin=slave, stdout=slave, stderr=slave, env=env,
+                                     cwd=REPO, start_new_session=True, close_fds=True)
+        os.close(slave)
+        self.screen = pyte.HistoryScreen(2 * width, height, history=5_000)
+        self.stream = pyte.ByteStream(self.screen)
+        self.lock = threading.Lock()
+        self.reader = threading.Thread(target=self._read, name="pane-reader", daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = os.read(self.master, 65_536)
+            except OSError:  # EIO: the program's side of the terminal is closed
+                return
+            if not data:
+                return
+            with self.lock:
+                self.stream.feed(data)
+
+    def _text(self, line: dict) -> str:  # type: ignore[type-arg]
+        return "".join(line[x].data for x in range(self.screen.columns)).rstrip()
 
     def capture(self, history: bool = False) -> str:
-        res = subprocess.run(["tmux", "-S", self.socket, "capture-pane", "-p", "-J", *(["-S", "-"] if history else [])],
-                             capture_output=True, text=True, check=False, timeout=10)
-        return res.stdout
+        with self.lock:
+            lines = [self._text(line) for line in self.screen.history.top] if history else []
+            lines += [row.rstrip() for row in self.screen.display]
+        while lines and not lines[-1]:
+            lines.pop()
+        return "\n".join(lines) + "\n"
 
     def kill(self) -> None:
-        subprocess.run(["tmux", "-S", self.socket, "kill-server"], capture_output=True, check=False, timeout=10)
-        Path(self.socket).unlink(missing_ok=True)
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=10)
+        os.close(self.master)
+        self.reader.join(timeout=10)
 
 
 def row(lines: list[str], *cells: str) -> str:
