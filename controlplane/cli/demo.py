@@ -45,6 +45,7 @@ import tempfile
 import threading
 import time
 from collections import deque
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,7 +75,7 @@ from controlplane.cli.demo_view import (
     plain_line,
     serving,
 )
-from controlplane.cli.demo_watch import BreakerMirror, DeploymentView, Failover, NodeView, Watcher
+from controlplane.cli.demo_watch import BreakerMirror, DeploymentView, Failover, Watcher
 from controlplane.domain.errors import ControlPlaneError
 from controlplane.domain.ids import qualified_id
 
@@ -118,7 +119,7 @@ class Demo:
         self.procs: dict[str, subprocess.Popen] = {}
         self.servers: list[Any] = []
         self.backends: dict[str, DemoCluster] = {}
-        self.nodes: dict[str, NodeView] = {}
+        self.nodes: dict[str, NodeRow] = {}
         self.deps = {t.deployment: DeploymentView(t.deployment, t.tenant) for t in TENANTS}
         self.failover = Failover()
         self.timeline: list[dict[str, Any]] = []
@@ -199,7 +200,7 @@ class Demo:
             proc = spawn_coordinator(node, self.base)
             self.children.append(proc)
             self.procs[node.node_id] = proc
-            self.nodes[node.node_id] = NodeView(node.node_id, node.zone, proc.pid)
+            self.nodes[node.node_id] = NodeRow(node.node_id, node.zone, proc.pid)
         self.mirror = BreakerMirror([a["id"] for a in adapters])
         self.api = self.client()
 
@@ -306,7 +307,7 @@ class Demo:
                                                                         r.lease_remaining_ms, r.applied_index)
             view.pid = r.pid
 
-    def holder(self) -> NodeView | None:
+    def holder(self) -> NodeRow | None:
         live = [n for n in self.nodes.values() if n.reachable and n.remaining_ms > 0 and n.holder == n.node_id]
         if live:
             return max(live, key=lambda n: n.epoch)
@@ -546,8 +547,7 @@ class Demo:
             with self.watcher.lock:
                 breakers = [BreakerRow(k, p, self.mirror.failures.get(k, 0)) for k, p in self.mirror.phases().items()]
                 events = tuple(self.watcher.recent)
-        nodes = tuple(NodeRow(n.node_id, n.zone, n.pid, n.reachable, n.role, n.term, n.leader, n.holder, n.epoch,
-                              n.remaining_ms, n.applied, n.note) for n in self.nodes.values())
+        nodes = tuple(dataclasses.replace(n) for n in self.nodes.values())  # copies: polling goes on
         return ViewState(round(t, 1), self.duration, self.workload.name, h.node_id if h else "", h.epoch if h else 0,
                          self.failover_line(), tuple(n.zone for n in self.plan), nodes, tuple(deployments),
                          tuple(breakers), events, tuple(self.log_lines), TTFT_WINDOW_S)

@@ -30,8 +30,11 @@ MIN_EVENTS = 3
 STATE_LETTERS = {"pending": "P", "warming": "W", "ready": "R", "busy": "B", "standby": "S", "draining": "D"}
 
 
-@dataclass(frozen=True)
+@dataclass
 class NodeRow:
+    """One coordinator as the demo sees it: updated in place while the demo polls it
+    (``controlplane.cli.demo``), copied into each frame."""
+
     node_id: str
     zone: str
     pid: int | None = None

@@ -14,22 +14,6 @@ from typing import Any
 from controlplane.cli.demo_view import MAX_EVENTS, EventRow
 
 @dataclass
-class NodeView:
-    node_id: str
-    zone: str
-    pid: int | None = None
-    reachable: bool = False
-    role: str = ""
-    term: int = 0
-    leader: str = ""
-    holder: str = ""
-    epoch: int = 0
-    remaining_ms: int = 0
-    applied: int = 0
-    note: str = ""
-
-
-@dataclass
 class DeploymentView:
     name: str
     tenant: str
