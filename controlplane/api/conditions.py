@@ -72,7 +72,7 @@ def links_of_reply(items: Sequence[api_pb2.Cluster]) -> dict[ClusterId, AdapterL
 def cluster_facts(cfg: Any, holds_lease: bool, holder: Any, forward: Callable[..., Any], context: Any,
                   now_ms: int) -> ClusterFacts:
     """The facts of one read: the holder's links (local, or one forwarded ListClusters)."""
-    configured = {s.id: s.adapter_address for s in getattr(cfg, "clusters", ()) or () if s.adapter_address}
+    configured = {s.id: s.adapter_address for s in cfg.clusters if s.adapter_address}
     if holds_lease:
         return ClusterFacts(configured, links_of_holder(holder), now_ms)
     reply = forward(context, lambda ch, md: api_pb2_grpc.ClustersStub(ch).ListClusters(

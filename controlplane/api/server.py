@@ -97,7 +97,7 @@ from controlplane.domain.tokens import MAX_DESCRIPTION, Role, TokenRecord
 from controlplane.domain.topology import Zone
 from controlplane.runtime.clock import wall_ms
 from controlplane.runtime import event_types
-from controlplane.runtime.events import EventsCompacted
+from controlplane.runtime.events import EventLog, EventsCompacted
 from controlplane.tokens import new_token
 from raft import codec
 
@@ -148,6 +148,11 @@ class NodeView(Protocol):
     def leader_id(self) -> str | None: ...
 
     def leader_api_address(self) -> str | None: ...
+
+    @property
+    def events(self) -> EventLog:
+        """The applied changes as events (watch, explain's history, conditions' decision messages)."""
+        ...
 
 
 class HolderView(Protocol):
@@ -611,7 +616,7 @@ class DeploymentsServicer(api_pb2_grpc.DeploymentsServicer):
 
     def _decided(self, state: ControlState, deployment_id: str, p: Principal) -> str:
         """The message of the decision that set the deployment's count, as ``p`` may read it."""
-        return redact.for_principal(p, conds.decision_message(getattr(self.core.node, "events", None), state, deployment_id))
+        return redact.for_principal(p, conds.decision_message(self.core.node.events, state, deployment_id))
 
     @_guarded
     def ApplyDeployment(self, request: api_pb2.ApplyDeploymentRequest, context: grpc.ServicerContext) -> api_pb2.Deployment:

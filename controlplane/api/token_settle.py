@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Protocol
 
 DEFAULT_WAIT_S = 1.0
 """Some twenty-five of the leader's appends (``append_entries_period_ms`` is 40 by default): ample on a
@@ -26,8 +26,29 @@ DEFAULT_MAX_WAITERS = 4
 _STEP_S = 0.05
 
 
+class _Events(Protocol):
+    @property
+    def last_revision(self) -> int: ...
+
+    def wait_after(self, revision: int, timeout_s: float) -> int: ...
+
+
+class _Status(Protocol):
+    leader_id: str
+    role: str
+
+
+class SettleNode(Protocol):
+    """What the wait reads of the coordinator (``raft.node.RaftNode`` has both)."""
+
+    @property
+    def events(self) -> _Events: ...
+
+    def status(self) -> _Status: ...
+
+
 class TokenSettle:
-    def __init__(self, node: Any, wait_s: float = DEFAULT_WAIT_S, max_waiters: int = DEFAULT_MAX_WAITERS,
+    def __init__(self, node: SettleNode, wait_s: float = DEFAULT_WAIT_S, max_waiters: int = DEFAULT_MAX_WAITERS,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._node = node
         self._wait_s = wait_s
@@ -39,24 +60,21 @@ class TokenSettle:
         every entry it acknowledged), with no leader known, or with every slot taken."""
         try:
             st = self._node.status()
-            if not getattr(st, "leader_id", "") or getattr(st, "role", "") == "leader":
+            if not st.leader_id or st.role == "leader":
                 return False
         except Exception:  # noqa: BLE001 - a stopping node: refuse as before
             return False
         if not self._slots.acquire(blocking=False):
             return False
         try:
-            events = getattr(self._node, "events", None)
+            events = self._node.events
             deadline = self._clock() + self._wait_s
-            seen = events.last_revision if events is not None else 0
+            seen = events.last_revision
             while not known():
                 left = deadline - self._clock()
                 if left <= 0:
                     return False
-                if events is not None:
-                    seen = events.wait_after(seen, min(left, _STEP_S))
-                else:
-                    time.sleep(min(left, _STEP_S))
+                seen = events.wait_after(seen, min(left, _STEP_S))
             return True
         finally:
             self._slots.release()
