@@ -85,7 +85,7 @@ def test_settle_waits_until_the_token_arrives_and_is_bounded() -> None:
             never.of_token(other)
         with pytest.raises(Unauthenticated):
             never.of_token("cp_garbage")
-        assert time.monotonic() - started < 1.0
+        assert time.monotonic() - started < 10.0  # far below the 30 s bound: it did not wait (slack for a busy machine)
 
 
 def test_settle_lets_only_a_few_calls_wait_at_once() -> None:
@@ -96,7 +96,7 @@ def test_settle_lets_only_a_few_calls_wait_at_once() -> None:
         t.start()
     wait_until(lambda: settle._slots._value == 0, 5.0, "both calls waiting")
     started = time.monotonic()
-    assert settle(lambda: False) is False and time.monotonic() - started < 0.1  # no slot: refused at once
+    assert settle(lambda: False) is False and time.monotonic() - started < 0.5  # no slot: refused at once (wait_s is 1 s)
     for t in threads:
         t.join(5)
     assert results == [False, False]
