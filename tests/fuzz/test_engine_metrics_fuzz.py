@@ -136,6 +136,8 @@ def _knobs(draw: st.DrawFn, fake: Any, names: list[str], mode: str) -> None:
 def vllm_pages(draw: st.DrawFn) -> bytes:
     mode = draw(st.sampled_from(MODES))
     f = FakeVllmServer(model_name="m")
+    f._created = 1_796_160_765.346  # the counters' `_created` samples: a fixed time, so that the same draws
+    # make the same page (with the wall clock, a line's length, and so the mutation's bounds, drift between runs)
     _knobs(draw, f, ["running", "waiting", "prompt_tokens", "generation_tokens", "kv_usage"], mode)
     f.kv_usage = draw(st.floats(0, 1)) if mode != "one-hostile-value" or draw(st.booleans()) else draw(NASTY)
     if mode == "nan-or-missing":
